@@ -1,0 +1,103 @@
+"""What every dialect provides, and the small value it hands the relay per event.
+
+A dialect is one wire format of streamed LLM output. Given a decoded event
+it says whether the event carries content (and which text, for the token
+estimate), whether the provider reported its usage, whether the event is
+the stream's terminal event, and whether the provider itself reported an
+error in-band. It also writes the error event that the format's own clients
+treat as an error, for the endings the relay synthesizes.
+
+Dialects are instantiated once per stream, so a format whose terminal event
+is optional (NDJSON) can learn from the stream which variant it is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from streamwarden.sse import Event
+
+Framing = Literal["sse", "lines"]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one event means to the relay.
+
+    ``text`` is the content the event carries for a reader (answer text,
+    reasoning text, tool-call argument fragments), used to estimate tokens
+    when the provider reports none. ``output_tokens`` is the provider's own
+    count of generated tokens so far, when the event carries it.
+    """
+
+    text: str = ""
+    output_tokens: int | None = None
+    terminal: bool = False
+    error: bool = False
+
+
+#: The observation for events that mean nothing to the relay (pings,
+#: lifecycle events, unparsable data). Shared, so the hot path allocates
+#: nothing for them.
+NOTHING = Observation()
+TERMINAL = Observation(terminal=True)
+UPSTREAM_ERROR = Observation(error=True)
+
+
+class Dialect:
+    """Base class: one subclass per wire format."""
+
+    __slots__ = ("expects_terminal",)
+
+    #: The dialect's name in configuration, metrics and logs.
+    name: ClassVar[str] = "generic"
+    #: How the stream is cut into frames: SSE blocks or single lines.
+    framing: ClassVar[Framing] = "sse"
+    #: Human-readable name of the terminal event, for error messages.
+    terminal_event: ClassVar[str] = "its terminal event"
+
+    def __init__(self) -> None:
+        #: Whether a clean end of stream without the terminal event is a
+        #: truncation. False for formats with no terminal event.
+        self.expects_terminal = True
+
+    def inspect(self, event: Event) -> Observation:
+        """Classify one decoded event."""
+        raise NotImplementedError
+
+    def error_event(self, code: str, message: str) -> bytes:
+        """The bytes of an error event that this format's clients raise on."""
+        raise NotImplementedError
+
+    @classmethod
+    def sniff(cls, event: Event) -> bool:
+        """Whether the first data event of an unknown stream looks like this format."""
+        return False
+
+
+def load_json(data: str) -> Any:
+    """Parse an event's JSON data, or return ``None`` when it is not JSON."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def dump_json(value: object) -> str:
+    """Compact JSON that keeps non-ASCII text readable, as providers send it."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_block(data: str, event: str | None = None) -> bytes:
+    """One SSE block with a single-line data field (``data`` must not contain newlines)."""
+    head = f"event: {event}\n" if event is not None else ""
+    return f"{head}data: {data}\n\n".encode()
+
+
+def as_int(value: object) -> int | None:
+    """``value`` if it is an integer token count (bools excluded), else ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None

@@ -1,0 +1,61 @@
+"""Newline-delimited JSON streams (``application/x-ndjson``), as Ollama sends them.
+
+Each line is one JSON object: ``message.content`` (``/api/chat``) or
+``response`` (``/api/generate``) carries the text, and the last line has
+``"done": true`` with ``eval_count``, the generated tokens. Other NDJSON
+streams have no terminal line at all, so the terminal is expected only once
+a line shows the Ollama shape (a ``done`` key); until then a clean end of
+stream is a clean end.
+
+Ollama's clients raise on a line with an ``error`` string, which is the
+shape of the synthesized error (plus a ``code`` beside it).
+"""
+
+from __future__ import annotations
+
+from streamwarden.dialects.base import (
+    NOTHING,
+    UPSTREAM_ERROR,
+    Dialect,
+    Observation,
+    as_int,
+    dump_json,
+    load_json,
+)
+from streamwarden.sse import Event
+
+
+class NDJSON(Dialect):
+    __slots__ = ()
+
+    name = "ndjson"
+    framing = "lines"
+    terminal_event = 'a "done": true line'
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expects_terminal = False
+
+    def inspect(self, event: Event) -> Observation:
+        obj = load_json(event.data)
+        if not isinstance(obj, dict):
+            return Observation(text=event.data)
+        if obj.get("error"):
+            return UPSTREAM_ERROR
+        if "done" not in obj:
+            return Observation(text=event.data)
+        self.expects_terminal = True
+        message = obj.get("message")
+        text = message.get("content") if isinstance(message, dict) else obj.get("response")
+        thinking = message.get("thinking") if isinstance(message, dict) else obj.get("thinking")
+        content = (text if isinstance(text, str) else "") + (
+            thinking if isinstance(thinking, str) else ""
+        )
+        if obj.get("done") is True:
+            return Observation(
+                text=content, output_tokens=as_int(obj.get("eval_count")), terminal=True
+            )
+        return Observation(text=content) if content else NOTHING
+
+    def error_event(self, code: str, message: str) -> bytes:
+        return (dump_json({"error": message, "code": code}) + "\n").encode()

@@ -1,0 +1,92 @@
+"""OpenAI Chat Completions streaming (and every server that copies it: vLLM, TGI, llama.cpp).
+
+Events carry no ``event:`` field; each ``data:`` is a ``chat.completion.chunk``
+whose ``choices[].delta`` holds content, reasoning or tool-call argument
+fragments. The stream ends with ``data: [DONE]``. Usage arrives in a last
+chunk with empty ``choices`` when the client asked for
+``stream_options.include_usage`` (some servers send it on every chunk).
+The legacy Completions stream (``choices[].text``) is the same format.
+
+openai-python raises ``APIError`` on any event whose JSON data has a truthy
+``error`` object, so that is the shape of the synthesized error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamwarden.dialects.base import (
+    NOTHING,
+    TERMINAL,
+    UPSTREAM_ERROR,
+    Dialect,
+    Observation,
+    as_int,
+    dump_json,
+    load_json,
+    sse_block,
+)
+from streamwarden.sse import Event
+
+_DELTA_TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
+
+
+class OpenAIChat(Dialect):
+    __slots__ = ()
+
+    name = "openai-chat"
+    terminal_event = "data: [DONE]"
+
+    def inspect(self, event: Event) -> Observation:
+        data = event.data
+        if data.startswith("[DONE]"):
+            return TERMINAL
+        obj = load_json(data)
+        if not isinstance(obj, dict):
+            return NOTHING
+        if obj.get("error"):
+            return UPSTREAM_ERROR
+        text = _choices_text(obj.get("choices"))
+        usage = obj.get("usage")
+        tokens = as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+        if not text and tokens is None:
+            return NOTHING
+        return Observation(text=text, output_tokens=tokens)
+
+    def error_event(self, code: str, message: str) -> bytes:
+        error = {"message": message, "type": "stream_error", "code": code, "param": None}
+        return sse_block(dump_json({"error": error}))
+
+    @classmethod
+    def sniff(cls, event: Event) -> bool:
+        if event.event != "message":
+            return False
+        obj = load_json(event.data)
+        return isinstance(obj, dict) and "choices" in obj
+
+
+def _choices_text(choices: Any) -> str:
+    if not isinstance(choices, list):
+        return ""
+    parts: list[str] = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for field in _DELTA_TEXT_FIELDS:
+                value = delta.get(field)
+                if isinstance(value, str):
+                    parts.append(value)
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    function = call.get("function") if isinstance(call, dict) else None
+                    if isinstance(function, dict):
+                        arguments = function.get("arguments")
+                        if isinstance(arguments, str):
+                            parts.append(arguments)
+        text = choice.get("text")  # legacy Completions
+        if isinstance(text, str):
+            parts.append(text)
+    return parts[0] if len(parts) == 1 else "".join(parts)

@@ -1,0 +1,104 @@
+"""Vercel AI SDK streams, in their two wire forms.
+
+- The data stream protocol (AI SDK 4, header ``x-vercel-ai-data-stream:
+  v1``): one ``TYPE:JSON`` record per line. ``0:`` text, ``g:`` reasoning,
+  ``c:`` tool-call argument deltas, ``d:`` finish message with usage (the
+  terminal record), ``3:`` an error string.
+- The UI message stream (AI SDK 5, header ``x-vercel-ai-ui-message-stream:
+  v1``): SSE ``data:`` objects with a ``type`` (``text-delta``,
+  ``tool-input-delta``, ``finish``, ``error`` ...) closed by
+  ``data: [DONE]``.
+
+The SDK's stream parsers validate each part strictly, so the synthesized
+errors use exactly the documented error parts and carry the machine code
+inside the message text.
+"""
+
+from __future__ import annotations
+
+from streamwarden.dialects.base import (
+    NOTHING,
+    TERMINAL,
+    UPSTREAM_ERROR,
+    Dialect,
+    Observation,
+    as_int,
+    dump_json,
+    load_json,
+    sse_block,
+)
+from streamwarden.sse import Event
+
+DATA_STREAM_HEADER = "x-vercel-ai-data-stream"
+UI_MESSAGE_STREAM_HEADER = "x-vercel-ai-ui-message-stream"
+
+_UI_TEXT_FIELDS = {
+    "text-delta": "delta",
+    "reasoning-delta": "delta",
+    "tool-input-delta": "inputTextDelta",
+}
+
+
+class VercelDataStream(Dialect):
+    __slots__ = ()
+
+    name = "vercel-ai"
+    framing = "lines"
+    terminal_event = "a d: finish line"
+
+    def inspect(self, event: Event) -> Observation:
+        line = event.data
+        kind, sep, payload = line.partition(":")
+        if not sep:
+            return NOTHING
+        if kind in ("0", "g"):
+            value = load_json(payload)
+            return Observation(text=value) if isinstance(value, str) and value else NOTHING
+        if kind == "c":
+            value = load_json(payload)
+            delta = value.get("argsTextDelta") if isinstance(value, dict) else None
+            return Observation(text=delta) if isinstance(delta, str) and delta else NOTHING
+        if kind == "d":
+            value = load_json(payload)
+            usage = value.get("usage") if isinstance(value, dict) else None
+            tokens = as_int(usage.get("completionTokens")) if isinstance(usage, dict) else None
+            return Observation(output_tokens=tokens, terminal=True)
+        if kind == "3":
+            return UPSTREAM_ERROR
+        return NOTHING
+
+    def error_event(self, code: str, message: str) -> bytes:
+        return f"3:{dump_json(message)}\n".encode()
+
+
+class VercelUIMessageStream(Dialect):
+    __slots__ = ()
+
+    name = "vercel-ai"
+    terminal_event = "data: [DONE]"
+
+    def inspect(self, event: Event) -> Observation:
+        data = event.data
+        if data.startswith("[DONE]"):
+            return TERMINAL
+        obj = load_json(data)
+        if not isinstance(obj, dict):
+            return NOTHING
+        kind = obj.get("type")
+        field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field is not None:
+            text = obj.get(field)
+            return Observation(text=text) if isinstance(text, str) and text else NOTHING
+        if kind == "error":
+            return UPSTREAM_ERROR
+        if kind == "finish":
+            metadata = obj.get("messageMetadata")
+            usage = metadata.get("usage") if isinstance(metadata, dict) else None
+            tokens = None
+            if isinstance(usage, dict):
+                tokens = as_int(usage.get("outputTokens", usage.get("completionTokens")))
+            return NOTHING if tokens is None else Observation(output_tokens=tokens)
+        return NOTHING
+
+    def error_event(self, code: str, message: str) -> bytes:
+        return sse_block(dump_json({"type": "error", "errorText": message}))

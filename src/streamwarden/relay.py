@@ -1,0 +1,315 @@
+"""The per-stream state machine that both faces drive, with no I/O.
+
+A face (the aiohttp sidecar, the ASGI middleware) creates one
+:class:`Relay` per streamed response and moves bytes and time through it:
+
+- upstream bytes in (``feed``), upstream end or break (``upstream_eof``,
+  ``upstream_failed``), the client leaving or stalling (``client_gone``,
+  ``client_too_slow``), the process draining (``shutdown``);
+- the clock, through ``poll(now)``, which it calls no later than
+  ``deadline``.
+
+Each call returns the bytes to write to the client, possibly empty: whole
+upstream frames exactly as received (a partial event is held back until
+its last byte arrives), keep-alive comments, or one synthesized error
+event. Once ``done`` is true the face finishes the client response cleanly
+and closes the upstream. The relay decides the end state (exactly one per
+stream) and records everything in its :class:`~streamwarden.meter.StreamMeter`.
+
+Every rule about how a stream ends lives here: which failures produce an
+error event, with which code, and that a stream whose terminal event was
+already delivered is complete whatever happens afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stream_framing
+from streamwarden.meter import EndState, GapObserver, StreamMeter
+from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer
+
+__all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay"]
+
+#: The comment frame written while the upstream is quiet. Only ever written
+#: between two whole events, so it can never split one.
+KEEPALIVE = b": keep-alive\n\n"
+
+
+class ErrorCode(StrEnum):
+    """Machine-readable codes of synthesized error events."""
+
+    STREAM_TRUNCATED = "stream_truncated"
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    DURATION_EXCEEDED = "duration_exceeded"
+    EVENT_TOO_LARGE = "event_too_large"
+    SHUTTING_DOWN = "shutting_down"
+
+
+# What each code means for the stream's end state, and what the client is told.
+_ENDINGS: dict[ErrorCode, tuple[EndState, str]] = {
+    ErrorCode.STREAM_TRUNCATED: (
+        EndState.UPSTREAM_TRUNCATED,
+        "the upstream ended the stream without {terminal}",
+    ),
+    ErrorCode.UPSTREAM_ERROR: (EndState.UPSTREAM_ERROR, "the upstream broke off the stream"),
+    ErrorCode.UPSTREAM_TIMEOUT: (
+        EndState.UPSTREAM_TIMEOUT,
+        "the upstream sent nothing for {idle:g}s",
+    ),
+    ErrorCode.DURATION_EXCEEDED: (
+        EndState.LIMIT_EXCEEDED,
+        "the stream reached its maximum duration of {duration:g}s",
+    ),
+    ErrorCode.EVENT_TOO_LARGE: (
+        EndState.LIMIT_EXCEEDED,
+        "an upstream event exceeded the limit of {event_bytes} bytes",
+    ),
+    ErrorCode.SHUTTING_DOWN: (EndState.SHUTDOWN, "the proxy is shutting down"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The per-stream limits. A duration of 0 disables its timer."""
+
+    #: Seconds without a write to the client before a keep-alive comment.
+    keepalive_interval: float
+    #: Seconds without any upstream byte, mid-stream, before giving up.
+    upstream_idle_timeout: float
+    #: Seconds from the request to the forced end of the stream.
+    max_stream_duration: float
+    #: Largest raw size of one event block (or line) in bytes.
+    max_event_bytes: int
+
+
+class Relay:
+    """One streamed response on its way from the upstream to the client."""
+
+    __slots__ = (
+        "_client_gone",
+        "_dialect",
+        "_framer",
+        "_framing",
+        "_last_upstream",
+        "_last_write",
+        "_limits",
+        "_provisional",
+        "_terminal_seen",
+        "_trailing_newline",
+        "meter",
+    )
+
+    def __init__(
+        self,
+        limits: Limits,
+        *,
+        started_at: float,
+        now: float,
+        path: str,
+        content_type: str | None,
+        headers: Mapping[str, str],
+        dialect: str = "auto",
+        gap_observer: GapObserver | None = None,
+    ) -> None:
+        self._limits = limits
+        detection = detect(dialect, path=path, content_type=content_type, headers=headers)
+        self._dialect: Dialect = detection.dialect
+        self._provisional = detection.provisional
+        self._framing: Framing = stream_framing(content_type, headers) or "sse"
+        self._framer: SSEFramer | LineFramer = (
+            SSEFramer(limits.max_event_bytes)
+            if self._framing == "sse"
+            else LineFramer(limits.max_event_bytes)
+        )
+        self.meter = StreamMeter(started_at, gap_observer)
+        # The response headers went out just now: keep-alives count from here.
+        self._last_write = now
+        self._last_upstream = now
+        self._terminal_seen = False
+        self._client_gone = False
+        self._trailing_newline = True
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """The stream has ended: finish the client response, close the upstream."""
+        return self.meter.end_state is not None
+
+    @property
+    def end_state(self) -> EndState | None:
+        return self.meter.end_state
+
+    @property
+    def dialect(self) -> str:
+        return self._dialect.name
+
+    @property
+    def framing(self) -> Framing:
+        return self._framing
+
+    @property
+    def deadline(self) -> float | None:
+        """The time by which ``poll`` must be called next, or ``None`` if no timer runs."""
+        if self.done:
+            return None
+        limits = self._limits
+        times: list[float] = []
+        if limits.max_stream_duration > 0:
+            times.append(self.meter.started_at + limits.max_stream_duration)
+        if limits.upstream_idle_timeout > 0:
+            times.append(self._last_upstream + limits.upstream_idle_timeout)
+        if limits.keepalive_interval > 0 and self._framing == "sse":
+            times.append(self._last_write + limits.keepalive_interval)
+        return min(times) if times else None
+
+    # -- inputs --------------------------------------------------------------
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Upstream bytes arrived; return the whole frames they completed."""
+        if self.done and not self._client_gone:
+            return b""
+        self.meter.bytes_in += len(chunk)
+        self._last_upstream = now
+        try:
+            frames = self._framer.feed(chunk)
+        except EventTooLarge as exc:
+            out = self._forward(exc.frames, now)
+            return out + self._fail(ErrorCode.EVENT_TOO_LARGE, now)
+        return self._forward(frames, now) if frames else b""
+
+    def upstream_eof(self, now: float) -> bytes:
+        """The upstream ended its response cleanly."""
+        if self.done:
+            return b""
+        # An SSE block cut before its blank line is a truncation in any dialect.
+        partial = self._framing == "sse" and self._framer.pending_bytes > 0
+        out = self._forward(self._framer.close(), now)
+        meter = self.meter
+        if meter.upstream_reported_error:
+            meter.end(EndState.UPSTREAM_ERROR, now)
+        elif self._terminal_seen or not (self._dialect.expects_terminal or partial):
+            meter.end(EndState.COMPLETED, now)
+        else:
+            out += self._fail(ErrorCode.STREAM_TRUNCATED, now)
+        return out
+
+    def upstream_failed(self, now: float) -> bytes:
+        """The upstream connection broke (reset, bad chunked encoding, read error)."""
+        if self.done:
+            return b""
+        return self._end_or_fail(ErrorCode.UPSTREAM_ERROR, now)
+
+    def client_gone(self, now: float) -> None:
+        """The client disconnected. Later upstream content counts as zombie tokens."""
+        self._client_gone = True
+        if not self.done:
+            state = EndState.COMPLETED if self._terminal_seen else EndState.CLIENT_CANCELLED
+            self.meter.end(state, now)
+
+    def client_too_slow(self, now: float) -> None:
+        """The client did not take our writes within ``client_write_timeout``."""
+        self._client_gone = True
+        self.meter.end(EndState.CLIENT_TOO_SLOW, now)
+
+    def shutdown(self, now: float) -> bytes:
+        """The process is draining and its grace period ran out."""
+        if self.done:
+            return b""
+        return self._end_or_fail(ErrorCode.SHUTTING_DOWN, now)
+
+    def poll(self, now: float) -> bytes:
+        """Run the timers: stream duration, upstream idle timeout, keep-alive."""
+        if self.done:
+            return b""
+        limits = self._limits
+        if limits.max_stream_duration > 0 and (
+            now >= self.meter.started_at + limits.max_stream_duration
+        ):
+            return self._end_or_fail(ErrorCode.DURATION_EXCEEDED, now)
+        if limits.upstream_idle_timeout > 0 and (
+            now >= self._last_upstream + limits.upstream_idle_timeout
+        ):
+            return self._end_or_fail(ErrorCode.UPSTREAM_TIMEOUT, now)
+        if (
+            limits.keepalive_interval > 0
+            and self._framing == "sse"
+            and now >= self._last_write + limits.keepalive_interval
+        ):
+            self._last_write = now
+            self.meter.keepalives += 1
+            self.meter.bytes_out += len(KEEPALIVE)
+            return KEEPALIVE
+        return b""
+
+    # -- internals -----------------------------------------------------------
+
+    def _forward(self, frames: list[Frame], now: float) -> bytes:
+        if not frames:
+            return b""
+        meter = self.meter
+        delivered = not self._client_gone
+        dialect = self._dialect
+        events = 0
+        for frame in frames:
+            event = frame.event
+            if event is None:
+                continue
+            events += 1
+            if self._provisional:
+                self._provisional = False
+                dialect = self._dialect = sniff(event, dialect)
+            seen = dialect.inspect(event)
+            if seen is NOTHING:
+                continue
+            if seen.text:
+                meter.content(seen.text, now, delivered=delivered)
+            if seen.output_tokens is not None:
+                meter.usage_tokens = seen.output_tokens
+            if seen.terminal:
+                self._terminal_seen = True
+            if seen.error:
+                meter.upstream_reported_error = True
+        meter.events_in += events
+        if not delivered:
+            return b""
+        out = frames[0].raw if len(frames) == 1 else b"".join(f.raw for f in frames)
+        meter.events_out += events
+        meter.bytes_out += len(out)
+        self._trailing_newline = out.endswith((b"\n", b"\r"))
+        self._last_write = now
+        return out
+
+    def _end_or_fail(self, code: ErrorCode, now: float) -> bytes:
+        # An answer whose terminal event was delivered is complete, whatever
+        # happens to the connection afterwards.
+        if self._terminal_seen and not self.meter.upstream_reported_error:
+            self.meter.end(EndState.COMPLETED, now)
+            return b""
+        return self._fail(code, now)
+
+    def _fail(self, code: ErrorCode, now: float) -> bytes:
+        if self.done:
+            return b""
+        state, template = _ENDINGS[code]
+        limits = self._limits
+        reason = template.format(
+            terminal=self._dialect.terminal_event,
+            idle=limits.upstream_idle_timeout,
+            duration=limits.max_stream_duration,
+            event_bytes=limits.max_event_bytes,
+        )
+        self.meter.end(state, now, code)
+        if self._client_gone:
+            return b""
+        error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
+        if not self._trailing_newline:
+            # A line-framed stream's last line arrived without its newline:
+            # the error record must start a line of its own.
+            error = b"\n" + error
+        self.meter.bytes_out += len(error)
+        return error
