@@ -1,0 +1,332 @@
+"""One configuration model for both faces: YAML file, environment, flags.
+
+Precedence, lowest to highest: built-in defaults, the YAML file, the
+``STREAMWARDEN_<KEY>`` environment variables, command-line flags (or, for
+the middleware, keyword options). Every default lives in :class:`Settings`
+and nowhere else.
+
+Durations are written ``250ms``, ``15s``, ``2m``, ``1h`` or as a number of
+seconds; sizes as ``64KiB``, ``1MiB``, ``1GiB`` (or ``kB``/``MB``/``GB``) or
+a number of bytes. Invalid input raises :class:`ConfigError` with one line
+naming the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from streamwarden.dialects import DIALECT_NAMES
+from streamwarden.relay import Limits
+
+__all__ = [
+    "ConfigError",
+    "RouteSettings",
+    "Settings",
+    "load_settings",
+    "parse_duration",
+    "parse_size",
+]
+
+ENV_PREFIX = "STREAMWARDEN_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message is one line for the user."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kib|mib|gib|kb|mb|gb|k|m|g)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    None: 1,
+    "b": 1,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "k": 1024,
+    "m": 1024**2,
+    "g": 1024**3,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``15s``, ``250ms``, ``2m``, ``1h`` or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("duration")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("duration")
+        return float(value)
+    if isinstance(value, str) and (match := _DURATION.match(value)):
+        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    raise ValueError("duration")
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``64KiB``, ``1MiB``, ``1GiB`` or a number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError("size")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("size")
+        return value
+    if isinstance(value, str) and (match := _SIZE.match(value)):
+        unit = match.group(2).lower() if match.group(2) else None
+        return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    raise ValueError("size")
+
+
+def _host_port(value: object) -> str:
+    if isinstance(value, str):
+        host, sep, port = value.rpartition(":")
+        if sep and port.isdigit() and 0 <= int(port) <= 65535 and host:
+            return value
+    raise ValueError("host_port")
+
+
+def _upstream(value: object) -> str:
+    if isinstance(value, str):
+        if value.startswith("unix:") and len(value) > 5:
+            return value
+        match = re.match(r"^(https?)://([^/?#]+)(/[^?#]*)?$", value)
+        if match:
+            return value.rstrip("/")
+    raise ValueError("upstream")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+HostPort = Annotated[str, BeforeValidator(_host_port)]
+Upstream = Annotated[str, BeforeValidator(_upstream)]
+DialectName = Literal[
+    "auto",
+    "openai-chat",
+    "openai-responses",
+    "anthropic",
+    "gemini",
+    "vercel-ai",
+    "ndjson",
+    "generic",
+]
+assert set(DialectName.__args__) == set(DIALECT_NAMES)  # type: ignore[attr-defined]
+
+# What each custom validator expects, for the one-line error message.
+_EXPECTED = {
+    "duration": "is not a duration (e.g. 15s, 250ms, 2m)",
+    "size": "is not a size (e.g. 64KiB, 8MiB, 1GiB)",
+    "host_port": "is not HOST:PORT (e.g. 0.0.0.0:8080)",
+    "upstream": "is not an upstream URL (http://host:port, https://host:port or unix:/path.sock)",
+}
+
+
+class RouteSettings(BaseModel):
+    """Overrides of the per-stream settings for requests under one path prefix."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keepalive_interval: Duration | None = None
+    upstream_idle_timeout: Duration | None = None
+    max_stream_duration: Duration | None = None
+    client_write_timeout: Duration | None = None
+    max_event_bytes: Size | None = None
+    dialect: DialectName | None = None
+    early_headers_after: Duration | None = None
+
+
+class Settings(BaseModel):
+    """Every setting, with its default. Both faces read this model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Address of the proxy listener.
+    listen: HostPort = "0.0.0.0:8080"
+    #: Address of the admin listener (/metrics, /healthz, /readyz).
+    admin_listen: HostPort = "0.0.0.0:9090"
+    #: The one upstream every request goes to; required for ``run``.
+    upstream: Upstream | None = None
+    #: A CA bundle (PEM) to verify an https upstream with, instead of the system's.
+    upstream_ca_bundle: str | None = None
+    #: Send the client's Host header to the upstream instead of the upstream's own.
+    preserve_host: bool = False
+    #: Quiet time before a keep-alive comment is written to the client.
+    keepalive_interval: Duration = 15.0
+    #: Time to connect to the upstream.
+    upstream_connect_timeout: Duration = 10.0
+    #: Time to wait for the upstream's response headers (0: no limit).
+    upstream_headers_timeout: Duration = 0.0
+    #: Mid-stream time without any upstream byte before the stream is failed.
+    upstream_idle_timeout: Duration = 60.0
+    #: Longest a stream may run.
+    max_stream_duration: Duration = 1800.0
+    #: Longest the client may take to accept a write before it is cut.
+    client_write_timeout: Duration = 30.0
+    #: Largest raw size of one event.
+    max_event_bytes: Size = 8 * 1024 * 1024
+    #: Largest request body forwarded upstream.
+    max_request_body_bytes: Size = 64 * 1024 * 1024
+    #: Streams open at once before new ones get 503 (0: unlimited).
+    max_concurrent_streams: int = Field(default=0, ge=0)
+    #: Grace period for streams in flight on SIGTERM.
+    drain_timeout: Duration = 25.0
+    #: The stream's wire format, or ``auto`` to detect it.
+    dialect: DialectName = "auto"
+    #: Commit ``200 text/event-stream`` and keep the client alive if the
+    #: upstream has not answered a streaming request after this long (0: off).
+    early_headers_after: Duration = 0.0
+    #: More media types to treat as event streams.
+    stream_media_types: tuple[str, ...] = ()
+    #: Header names, besides the built-in secret ones, to redact in logs.
+    redact_headers: tuple[str, ...] = ()
+    #: Per path prefix overrides; the longest matching prefix wins.
+    routes: dict[str, RouteSettings] = Field(default_factory=dict)
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def for_path(self, path: str) -> ResolvedRoute:
+        """The per-stream settings for a request path, route overrides applied."""
+        best = ""
+        for prefix in self.routes:
+            if path.startswith(prefix) and len(prefix) > len(best):
+                best = prefix
+        override = self.routes.get(best) if best else None
+
+        def pick(name: str) -> Any:
+            value = getattr(override, name) if override is not None else None
+            return getattr(self, name) if value is None else value
+
+        return ResolvedRoute(
+            route=best or "/",
+            dialect=pick("dialect"),
+            limits=Limits(
+                keepalive_interval=pick("keepalive_interval"),
+                upstream_idle_timeout=pick("upstream_idle_timeout"),
+                max_stream_duration=pick("max_stream_duration"),
+                max_event_bytes=pick("max_event_bytes"),
+            ),
+            client_write_timeout=pick("client_write_timeout"),
+            early_headers_after=pick("early_headers_after"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRoute:
+    """The settings that apply to one request."""
+
+    #: The matched route prefix ("/" when none matched): the metrics label.
+    route: str
+    dialect: str
+    limits: Limits
+    client_write_timeout: float
+    early_headers_after: float
+
+
+_KEYS = tuple(Settings.model_fields)
+
+
+def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> str:
+    loc = ".".join(str(part) for part in error.get("loc", ()))
+    value = error.get("input")
+    shown = json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        name = str(error["loc"][-1]) if error.get("loc") else loc
+        fields = list(RouteSettings.model_fields if "routes" in loc else model.model_fields)
+        guess = difflib.get_close_matches(name, fields, n=1)
+        hint = f' (did you mean "{guess[0]}"?)' if guess else ""
+        return f'{loc}: unknown key "{name}"{hint}'
+    ctx = error.get("ctx") or {}
+    message = str(ctx.get("error", "")) if kind == "value_error" else ""
+    if message in _EXPECTED:
+        return f"{loc}: {shown} {_EXPECTED[message]}"
+    if kind == "literal_error":
+        return f"{loc}: {shown} is not one of {ctx.get('expected', '')}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return f"{loc}: {shown} is not an integer"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"{loc}: {shown} is not true or false"
+    if kind == "greater_than_equal":
+        return f"{loc}: {shown} must be at least {ctx.get('ge')}"
+    return f"{loc}: {shown}: {error.get('msg', 'invalid value')}"
+
+
+def _validate(data: Mapping[str, Any]) -> Settings:
+    try:
+        return Settings.model_validate(dict(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(_format_error(first, Settings)) from None
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a YAML config file as a mapping of keys, or raise :class:`ConfigError`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {str(path)!r}:{where} is not valid YAML") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping of keys")
+    return loaded
+
+
+def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The ``STREAMWARDEN_<KEY>`` variables as config keys (values still raw strings)."""
+    found: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key not in _KEYS:
+            guess = difflib.get_close_matches(key, _KEYS, n=1)
+            hint = f' (did you mean "{ENV_PREFIX}{guess[0].upper()}"?)' if guess else ""
+            raise ConfigError(f'environment: unknown variable "{name}"{hint}')
+        if key in ("routes", "stream_media_types", "redact_headers"):
+            try:
+                found[key] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{name}: {value!r} is not valid YAML") from None
+        else:
+            found[key] = value
+    return found
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build the settings: defaults < file < environment < ``overrides`` (flags, options).
+
+    ``config_file`` defaults to ``$STREAMWARDEN_CONFIG`` when set.
+    """
+    env = os.environ if environ is None else environ
+    if config_file is None:
+        config_file = env.get(ENV_PREFIX + "CONFIG") or None
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        data.update(read_config_file(config_file))
+    data.update(environment_overrides(env))
+    if overrides:
+        data.update({k: v for k, v in overrides.items() if v is not None})
+    return _validate(data)

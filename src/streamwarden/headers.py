@@ -1,0 +1,106 @@
+"""Header rules shared by both faces: hop-by-hop headers and streamed-response headers.
+
+Pure functions over ``(name, value)`` pairs, so the aiohttp sidecar and the
+ASGI middleware apply exactly the same rules.
+
+- Hop-by-hop headers describe one connection, not the message: a proxy
+  removes every header the ``Connection`` header names, then the fixed list
+  (RFC 9110 section 7.6.1), on requests and on responses.
+- A streamed response must not be buffered or transformed by anything
+  between us and the client: ``Cache-Control`` gains ``no-cache`` and
+  ``no-transform`` (keeping the app's other directives),
+  ``X-Accel-Buffering: no`` turns off nginx's response buffering, and no
+  ``Content-Length`` is sent since the length is not known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "HOP_BY_HOP",
+    "SECRET_HEADERS",
+    "drop_hop_by_hop",
+    "merge_cache_control",
+    "redact",
+    "stream_response_headers",
+]
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+#: Headers whose values never reach a log line.
+SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+        "cookie",
+        "set-cookie",
+        "x-goog-api-key",
+    }
+)
+
+Pairs = Iterable[tuple[str, str]]
+
+
+def drop_hop_by_hop(headers: Pairs) -> list[tuple[str, str]]:
+    """``headers`` without the ones named by ``Connection`` and the fixed hop-by-hop list."""
+    pairs = list(headers)
+    named = set(HOP_BY_HOP)
+    for name, value in pairs:
+        if name.lower() == "connection":
+            named.update(token.strip().lower() for token in value.split(",") if token.strip())
+    return [(name, value) for name, value in pairs if name.lower() not in named]
+
+
+def merge_cache_control(value: str | None) -> str:
+    """``value`` with ``no-cache`` and ``no-transform`` added, other directives kept."""
+    directives = [d.strip() for d in (value or "").split(",") if d.strip()]
+    present = {d.split("=", 1)[0].strip().lower() for d in directives}
+    for required in ("no-cache", "no-transform"):
+        if required not in present:
+            directives.append(required)
+    return ", ".join(directives)
+
+
+def stream_response_headers(
+    headers: Pairs, *, drop_encoding: bool = False
+) -> list[tuple[str, str]]:
+    """The headers a streamed response leaves with.
+
+    ``drop_encoding`` removes ``Content-Encoding`` when the body is forwarded
+    decoded.
+    """
+    removed = {"content-length", "cache-control", "x-accel-buffering"}
+    if drop_encoding:
+        removed.add("content-encoding")
+    cache_control: str | None = None
+    out: list[tuple[str, str]] = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower == "cache-control":
+            cache_control = value if cache_control is None else f"{cache_control}, {value}"
+        if lower not in removed:
+            out.append((name, value))
+    out.append(("Cache-Control", merge_cache_control(cache_control)))
+    out.append(("X-Accel-Buffering", "no"))
+    return out
+
+
+def redact(headers: Pairs, extra: Iterable[str] = ()) -> dict[str, str]:
+    """Headers for a log line, with secret values replaced."""
+    secret = SECRET_HEADERS | {name.lower() for name in extra}
+    return {name: ("[redacted]" if name.lower() in secret else value) for name, value in headers}

@@ -1,0 +1,124 @@
+"""Prometheus collectors for both faces, fed from finished and ongoing streams.
+
+Each face owns one :class:`StreamMetrics` (its own registry, so several
+proxies in one process, as in tests, never share counters). Finished
+streams arrive as :class:`~streamwarden.meter.StreamRecord` objects;
+inter-token gaps are observed live through the meter's gap observer.
+
+Labels stay low-cardinality: dialect, end state, error code and the
+configured route prefix. Never a raw path, a model name or a user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from streamwarden.meter import StreamRecord
+
+__all__ = ["CONTENT_TYPE_LATEST", "StreamMetrics"]
+
+# Time to first token: from 10 ms (a warm small model) to 60 s (huge prompts).
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+# Gaps between tokens: 1 ms (batched) to 10 s (a long tool call).
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+# Client gone to upstream closed: the whole point is that this is sub-millisecond.
+CANCEL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
+
+
+class StreamMetrics:
+    """The streamwarden_* metrics of one face."""
+
+    def __init__(self, active: Callable[[], int] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.streams = Counter(
+            "streamwarden_streams",
+            "Streams finished, by dialect, end state and route prefix.",
+            ["dialect", "end_state", "route"],
+            registry=r,
+        )
+        self.active = Gauge("streamwarden_active_streams", "Streams in flight.", registry=r)
+        if active is not None:
+            self.active.set_function(lambda: float(active()))
+        self.ttft = Histogram(
+            "streamwarden_ttft_seconds",
+            "Request to first content event written to the client.",
+            ["dialect"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "streamwarden_inter_token_seconds",
+            "Gaps between content events written to the client.",
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "streamwarden_stream_duration_seconds",
+            "Request to end of stream.",
+            ["dialect"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.generated = Counter(
+            "streamwarden_tokens_generated",
+            "Tokens generated upstream (provider usage, else estimated).",
+            ["dialect"],
+            registry=r,
+        )
+        self.delivered = Counter(
+            "streamwarden_tokens_delivered",
+            "Tokens written to clients.",
+            ["dialect"],
+            registry=r,
+        )
+        self.zombie = Counter(
+            "streamwarden_zombie_tokens",
+            "Tokens the upstream sent after the client had gone.",
+            ["dialect"],
+            registry=r,
+        )
+        self.cancel = Histogram(
+            "streamwarden_cancel_propagation_seconds",
+            "Client disconnect noticed to upstream closed.",
+            buckets=CANCEL_BUCKETS,
+            registry=r,
+        )
+        self.keepalives = Counter(
+            "streamwarden_keepalives", "Keep-alive comments written.", registry=r
+        )
+        self.synthesized = Counter(
+            "streamwarden_synthesized_errors",
+            "Error events written in place of a silent failure, by code.",
+            ["code"],
+            registry=r,
+        )
+
+    def observe_gap(self, seconds: float) -> None:
+        self.inter_token.observe(seconds)
+
+    def stream_finished(self, record: StreamRecord) -> None:
+        meter = record.meter
+        dialect = record.dialect
+        self.streams.labels(dialect, str(meter.end_state), record.route).inc()
+        if meter.ttft is not None:
+            self.ttft.labels(dialect).observe(meter.ttft)
+        if meter.duration is not None:
+            self.duration.labels(dialect).observe(meter.duration)
+        self.generated.labels(dialect).inc(meter.tokens_generated)
+        self.delivered.labels(dialect).inc(meter.tokens_delivered)
+        self.zombie.labels(dialect).inc(meter.tokens_zombie)
+        if meter.cancel_propagation is not None:
+            self.cancel.observe(meter.cancel_propagation)
+        if meter.keepalives:
+            self.keepalives.inc(meter.keepalives)
+        if meter.error_code is not None:
+            self.synthesized.labels(meter.error_code).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

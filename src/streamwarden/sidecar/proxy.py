@@ -1,0 +1,431 @@
+"""The proxy handler: forwards every request to the one upstream, relays streams.
+
+Requests pass through unchanged (method, path, query, body streamed), minus
+hop-by-hop headers and plus ``X-Forwarded-*``. A response is relayed
+through the core :class:`~streamwarden.relay.Relay` when it is a stream
+(``text/event-stream``, NDJSON, Vercel AI headers, or a configured media
+type); anything else is copied through byte for byte, streamed.
+
+This module only moves bytes and time: every decision about a stream is the
+relay's. The aiohttp server runs with ``handler_cancellation=True``, so a
+client that disconnects cancels this handler at once, even while it waits
+for a silent upstream; the cancellation closes the upstream connection,
+which is what makes an inference server stop generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from streamwarden.config import Settings
+from streamwarden.dialects import stream_framing
+from streamwarden.headers import drop_hop_by_hop, stream_response_headers
+from streamwarden.meter import GapObserver, StreamRecord
+from streamwarden.relay import Relay
+from streamwarden.sidecar.streams import ActiveStream, StreamTracker
+
+__all__ = ["Proxy"]
+
+log = logging.getLogger("streamwarden.proxy")
+
+# Request headers the client library would otherwise add or replace on its own.
+_SKIP_AUTO_HEADERS = frozenset({"User-Agent", "Accept-Encoding", "Accept", "Content-Type"})
+# The WebSocket handshake headers are the upstream client's to generate.
+_WS_HANDSHAKE = frozenset(
+    {
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-protocol",
+        "sec-websocket-accept",
+    }
+)
+_CLIENT_GONE = (ConnectionResetError, BrokenPipeError, aiohttp.ClientConnectionResetError)
+
+
+class BodyTooLarge(Exception):
+    """The request body went past ``max_request_body_bytes``."""
+
+
+def json_error(status: int, code: str, message: str) -> web.Response:
+    """The small JSON body of an error the proxy answers itself."""
+    return web.json_response(
+        {"error": {"code": code, "message": f"streamwarden: {message}"}}, status=status
+    )
+
+
+class Proxy:
+    """The reverse proxy; one per process, sharing one upstream connection pool."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        tracker: StreamTracker,
+        gap_observer: GapObserver | None = None,
+    ) -> None:
+        if settings.upstream is None:
+            raise ValueError("an upstream is required")
+        self.settings = settings
+        self.tracker = tracker
+        self._gap_observer = gap_observer
+        self._extra_types = frozenset(t.lower() for t in settings.stream_media_types)
+        upstream = settings.upstream
+        if upstream.startswith("unix:"):
+            self._socket_path: str | None = upstream[len("unix:") :]
+            self._base = "http://localhost"
+        else:
+            self._socket_path = None
+            self._base = upstream.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the proxy is not started")
+        return self._session
+
+    async def start(self) -> None:
+        connector: aiohttp.BaseConnector
+        if self._socket_path is not None:
+            connector = aiohttp.UnixConnector(path=self._socket_path, limit=0)
+        else:
+            ssl_context: ssl.SSLContext | bool = True
+            if self.settings.upstream_ca_bundle:
+                ssl_context = ssl.create_default_context(cafile=self.settings.upstream_ca_bundle)
+            connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context)
+        connect = self.settings.upstream_connect_timeout or None
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=_SKIP_AUTO_HEADERS,
+            timeout=aiohttp.ClientTimeout(total=None, connect=connect, sock_read=None),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- the handler -----------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = asyncio.get_running_loop().time()
+        if request.method == "CONNECT":
+            return json_error(405, "method_not_allowed", "CONNECT is not proxied")
+        if not request.raw_path.startswith("/"):
+            return json_error(400, "bad_request_target", "only origin-form request targets")
+        limit = self.settings.max_request_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return json_error(413, "request_too_large", f"request body over {limit} bytes")
+        url = URL(self._base + request.raw_path, encoded=True)
+        headers = self._upstream_headers(request)
+        if _is_websocket(request):
+            return await self._websocket(request, url, headers)
+        try:
+            upstream = await self._open(request, url, headers)
+        except BodyTooLarge:
+            return json_error(413, "request_too_large", f"request body over {limit} bytes")
+        except TimeoutError:
+            return json_error(504, "upstream_timeout", "the upstream did not answer in time")
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("upstream unreachable: %s", exc)
+            return json_error(502, "upstream_unreachable", "the upstream could not be reached")
+        try:
+            framing = stream_framing(
+                upstream.headers.get("Content-Type"), upstream.headers, self._extra_types
+            )
+            decoder = _decoder(upstream.headers.get("Content-Encoding"))
+            streamed = (
+                framing is not None
+                and request.method != "HEAD"
+                and upstream.status not in (204, 304)
+                and decoder is not False
+            )
+            if streamed:
+                return await self._relay(request, upstream, started, decoder or None)
+            return await self._pass_through(request, upstream)
+        finally:
+            upstream.close()
+
+    def _upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
+        headers: CIMultiDict[str] = CIMultiDict(drop_hop_by_hop(request.headers.items()))
+        if not self.settings.preserve_host:
+            headers.popall("Host", None)
+        forwarded_for = request.headers.get("X-Forwarded-For")
+        remote = request.remote or ""
+        headers["X-Forwarded-For"] = f"{forwarded_for}, {remote}" if forwarded_for else remote
+        headers["X-Forwarded-Proto"] = request.scheme
+        headers["X-Forwarded-Host"] = request.host
+        return headers
+
+    async def _open(
+        self, request: web.Request, url: URL, headers: CIMultiDict[str]
+    ) -> aiohttp.ClientResponse:
+        data = (
+            _body(request, self.settings.max_request_body_bytes) if request.can_read_body else None
+        )
+        call = self.session.request(
+            request.method,
+            url,
+            headers=headers,
+            data=data,
+            allow_redirects=False,
+            compress=None,
+        )
+        wait = self.settings.upstream_headers_timeout
+        try:
+            if wait > 0:
+                async with asyncio.timeout(wait):
+                    return await call
+            return await call
+        except aiohttp.ClientPayloadError as exc:
+            # The body generator's own error surfaces wrapped by the client.
+            if isinstance(exc.__cause__, BodyTooLarge):
+                raise exc.__cause__ from None
+            raise
+
+    async def _pass_through(
+        self, request: web.Request, upstream: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in drop_hop_by_hop(upstream.headers.items()):
+            response.headers.add(name, value)
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, OSError):
+            # The upstream broke mid-body: cut the client's connection too, so
+            # it cannot mistake a short body for a whole one.
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        await response.write_eof()
+        return response
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        started: float,
+        decoder: Any,
+    ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        route = self.settings.for_path(request.path)
+        relay = Relay(
+            route.limits,
+            started_at=started,
+            now=loop.time(),
+            path=request.path,
+            content_type=upstream.headers.get("Content-Type"),
+            headers=upstream.headers,
+            dialect=route.dialect,
+            gap_observer=self._gap_observer,
+        )
+        stream = ActiveStream(self.tracker.next_id(), relay)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in stream_response_headers(
+            drop_hop_by_hop(upstream.headers.items()), drop_encoding=decoder is not None
+        ):
+            response.headers.add(name, value)
+        self.tracker.open(stream)
+        try:
+            await response.prepare(request)
+            await self._pump(
+                request, upstream, response, stream, decoder, route.client_write_timeout
+            )
+        except asyncio.CancelledError:
+            # The client disconnected (aiohttp cancels the handler): close the
+            # upstream now, not on its next write.
+            noticed = loop.time()
+            relay.client_gone(noticed)
+            upstream.close()
+            relay.meter.cancel_propagation = loop.time() - noticed
+            raise
+        except _CLIENT_GONE:
+            relay.client_gone(loop.time())
+        finally:
+            if not relay.done:  # an unexpected error in this face
+                relay.client_gone(loop.time())
+            self.tracker.close(
+                stream,
+                StreamRecord(
+                    stream.stream_id,
+                    route.route,
+                    request.method,
+                    request.path,
+                    upstream.status,
+                    relay.dialect,
+                    relay.meter,
+                ),
+            )
+        return response
+
+    async def _pump(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        response: web.StreamResponse,
+        stream: ActiveStream,
+        decoder: Any,
+        write_timeout: float,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        relay = stream.relay
+        reader = upstream.content
+        transport = request.transport
+        while not relay.done:
+            try:
+                async with asyncio.timeout_at(relay.deadline) as timer:
+                    stream.timer = timer
+                    chunk = await reader.readany()
+            except TimeoutError:
+                now = loop.time()
+                out = relay.shutdown(now) if stream.draining else relay.poll(now)
+            except (aiohttp.ClientError, OSError):
+                out = relay.upstream_failed(loop.time())
+            else:
+                if chunk:
+                    if decoder is not None:
+                        chunk = decoder.decompress(chunk)
+                    out = relay.feed(chunk, loop.time())
+                else:
+                    out = relay.upstream_eof(loop.time())
+            finally:
+                stream.timer = None
+            if not out:
+                continue
+            if transport is None or transport.get_write_buffer_size() == 0:
+                await response.write(out)
+                continue
+            # The client has not taken the last write yet: bound the wait.
+            try:
+                async with asyncio.timeout(write_timeout or None):
+                    await response.write(out)
+            except TimeoutError:
+                relay.client_too_slow(loop.time())
+                transport.abort()
+                return
+        if relay.end_state is not None and relay.end_state.value != "client_too_slow":
+            with contextlib.suppress(*_CLIENT_GONE):
+                await response.write_eof()
+
+    # -- websockets ------------------------------------------------------------
+
+    async def _websocket(
+        self, request: web.Request, url: URL, headers: CIMultiDict[str]
+    ) -> web.StreamResponse:
+        for name in list(headers):
+            if name.lower() in _WS_HANDSHAKE:
+                headers.popall(name, None)
+        protocols = [
+            p.strip()
+            for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+            if p.strip()
+        ]
+        try:
+            upstream = await self.session.ws_connect(
+                url, headers=headers, protocols=protocols, autoclose=False, autoping=True
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            return json_error(exc.status or 502, "upstream_refused", "websocket handshake refused")
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return json_error(502, "upstream_unreachable", "the upstream could not be reached")
+        client = web.WebSocketResponse(
+            protocols=(upstream.protocol,) if upstream.protocol else (), autoclose=False
+        )
+        try:
+            await client.prepare(request)
+            await _splice_websockets(client, upstream)
+        finally:
+            await upstream.close()
+            if not client.closed:
+                await client.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+        return client
+
+
+def _is_websocket(request: web.Request) -> bool:
+    upgrade = request.headers.get("Upgrade", "").lower()
+    connection = request.headers.get("Connection", "").lower()
+    return upgrade == "websocket" and "upgrade" in connection
+
+
+async def _splice_websockets(
+    client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
+) -> None:
+    """Copy messages both ways until one side closes, then close the other with its code."""
+
+    async def pump(source: Any, sink: Any) -> None:
+        code: int = aiohttp.WSCloseCode.GOING_AWAY
+        reason = ""
+        while True:
+            message = await source.receive()
+            if message.type == aiohttp.WSMsgType.TEXT:
+                await sink.send_str(message.data)
+            elif message.type == aiohttp.WSMsgType.BINARY:
+                await sink.send_bytes(message.data)
+            elif message.type == aiohttp.WSMsgType.CLOSE:
+                # 1005 (no code) and 1006 (abnormal) may not be sent on the wire.
+                if isinstance(message.data, int) and message.data not in (1005, 1006, 1015):
+                    code = message.data
+                reason = message.extra or ""
+                break
+            elif message.type in (aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG):
+                continue
+            else:  # CLOSING, CLOSED, ERROR: the peer vanished without a close frame
+                break
+        if not sink.closed:
+            await sink.close(code=code, message=reason.encode())
+        if not source.closed:
+            await source.close(code=code, message=reason.encode())
+
+    tasks = [
+        asyncio.ensure_future(pump(client, upstream)),
+        asyncio.ensure_future(pump(upstream, client)),
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+    """The request body, streamed, failing once it exceeds ``limit`` bytes."""
+    total = 0
+    async for chunk in request.content.iter_any():
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge
+        yield chunk
+
+
+def _decoder(encoding: str | None) -> Any:
+    """A decompressor for a streamed body's encoding.
+
+    ``None`` for identity, ``False`` when the encoding cannot be decoded here
+    (the response is then passed through untouched rather than relayed).
+    """
+    if not encoding or encoding.strip().lower() == "identity":
+        return None
+    name = encoding.strip().lower()
+    if name in ("gzip", "x-gzip"):
+        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    if name == "deflate":
+        return zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)  # zlib or gzip header
+    return False

@@ -1,0 +1,170 @@
+"""The sidecar process: proxy and admin listeners, and graceful drain.
+
+Two listeners, never mixed: the proxy port forwards everything (it has no
+routes of its own, so ``/metrics`` there goes to the upstream like any other
+path) and the admin port serves ``/metrics``, ``/healthz`` and ``/readyz``
+and never proxies.
+
+Drain (on SIGTERM or :meth:`Sidecar.drain`): ``/readyz`` answers 503 at
+once, the proxy listener stops accepting connections, streams in flight run
+on for up to ``drain_timeout``; those still open then get the dialect's
+``shutting_down`` error event and a clean end, and their upstreams are
+closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from aiohttp import web
+
+from streamwarden.config import Settings
+from streamwarden.logs import stream_logger
+from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
+from streamwarden.sidecar.proxy import Proxy
+from streamwarden.sidecar.streams import StreamTracker
+
+__all__ = ["Sidecar", "run_sidecar"]
+
+log = logging.getLogger("streamwarden.sidecar")
+
+# After drain_timeout, how long the streams get to write their error event.
+_FINAL_WRITE_GRACE = 1.0
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Sidecar:
+    """One running sidecar: start it, read its ports, drain it, close it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tracker = StreamTracker()
+        self.metrics = StreamMetrics(active=lambda: len(self.tracker.active))
+        self.tracker.listeners.append(self.metrics.stream_finished)
+        self.tracker.listeners.append(stream_logger())
+        self.proxy = Proxy(settings, self.tracker, gap_observer=self.metrics.observe_gap)
+        self.draining = False
+        self._proxy_runner: web.AppRunner | None = None
+        self._admin_runner: web.AppRunner | None = None
+        self._proxy_site: web.TCPSite | None = None
+        self.proxy_port = 0
+        self.admin_port = 0
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the upstream pool, then the admin port, then the proxy port."""
+        await self.proxy.start()
+        admin = web.Application()
+        admin.router.add_get("/metrics", self._metrics)
+        admin.router.add_get("/healthz", self._healthz)
+        admin.router.add_get("/readyz", self._readyz)
+        self._admin_runner = web.AppRunner(admin, access_log=None, shutdown_timeout=1.0)
+        await self._admin_runner.setup()
+        host, port = _split(self.settings.admin_listen)
+        admin_site = web.TCPSite(self._admin_runner, host, port, reuse_address=True)
+        await admin_site.start()
+        self.admin_port = _bound_port(self._admin_runner)
+
+        app = web.Application(client_max_size=self.settings.max_request_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self.proxy.handle)
+        self._proxy_runner = web.AppRunner(
+            app,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=_FINAL_WRITE_GRACE,
+        )
+        await self._proxy_runner.setup()
+        host, port = _split(self.settings.listen)
+        self._proxy_site = web.TCPSite(self._proxy_runner, host, port, reuse_address=True)
+        await self._proxy_site.start()
+        self.proxy_port = _bound_port(self._proxy_runner)
+
+    async def drain(self) -> None:
+        """Stop taking connections, let streams finish, then end the rest honestly."""
+        if self.draining:
+            return
+        self.draining = True
+        if self._proxy_site is not None:
+            await self._proxy_site.stop()
+        timeout = self.settings.drain_timeout
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout if timeout > 0 else None):
+                await self.tracker.wait_idle()
+        for stream in list(self.tracker.active):
+            stream.draining = True
+            stream.wake()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_FINAL_WRITE_GRACE):
+                await self.tracker.wait_idle()
+
+    async def close(self) -> None:
+        if self._proxy_runner is not None:
+            await self._proxy_runner.cleanup()
+            self._proxy_runner = None
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+            self._admin_runner = None
+        await self.proxy.close()
+
+    # -- admin -----------------------------------------------------------------
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return web.json_response({"status": "draining"}, status=503)
+        return web.json_response({"status": "ready"})
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return 0
+
+
+async def run_sidecar(settings: Settings) -> int:
+    """Run until SIGTERM or SIGINT, drain, and return the exit code."""
+    sidecar = Sidecar(settings)
+    await sidecar.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            # A second signal means "now": skip the rest of the drain.
+            log.warning("second signal: exiting at once")
+            os._exit(0)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    log.info(
+        "streamwarden listening on %s (admin %s), upstream %s",
+        settings.listen,
+        settings.admin_listen,
+        settings.upstream,
+    )
+    await stop.wait()
+    log.info("draining for up to %gs", settings.drain_timeout)
+    await sidecar.drain()
+    await sidecar.close()
+    return 0
