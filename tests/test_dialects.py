@@ -1,0 +1,285 @@
+"""Dialects against recorded-style provider streams: detection, content, usage, terminal, errors."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamwarden.dialects import detect, sniff, stream_framing
+from streamwarden.relay import Limits, Relay
+from streamwarden.sse import Event, LineFramer, SSEDecoder, SSEFramer
+
+STREAMS = Path(__file__).parent / "fixtures" / "streams"
+MANIFEST: dict[str, dict[str, Any]] = json.loads((STREAMS / "manifest.json").read_text())
+LIMITS = Limits(
+    keepalive_interval=15.0,
+    upstream_idle_timeout=60.0,
+    max_stream_duration=1800.0,
+    max_event_bytes=1 << 20,
+)
+
+
+def fixture(name: str) -> bytes:
+    return (STREAMS / name).read_bytes()
+
+
+def relay_for(name: str, setting: str = "auto") -> Relay:
+    entry = MANIFEST[name]
+    return Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path=entry["request_path"],
+        content_type=entry["content_type"],
+        headers=entry["headers"],
+        dialect=setting,
+    )
+
+
+def observed(name: str) -> tuple[str, int, int | None, bool]:
+    """Text, content events, last usage and terminal, as the fixture's dialect sees them."""
+    entry = MANIFEST[name]
+    detection = detect(
+        "auto",
+        path=entry["request_path"],
+        content_type=entry["content_type"],
+        headers=entry["headers"],
+    )
+    dialect = detection.dialect
+    framer = SSEFramer() if entry["framing"] == "sse" else LineFramer()
+    frames = framer.feed(fixture(name)) + framer.close()
+    text, events, usage, terminal, first = "", 0, None, False, True
+    for frame in frames:
+        if frame.event is None:
+            continue
+        if first and detection.provisional:
+            dialect = sniff(frame.event, dialect)
+        first = False
+        seen = dialect.inspect(frame.event)
+        if seen.text:
+            text += seen.text
+            events += 1
+        if seen.output_tokens is not None:
+            usage = seen.output_tokens
+        terminal = terminal or seen.terminal
+    assert dialect.name == entry["dialect"]
+    return text, events, usage, terminal
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_each_fixture_is_detected_as_its_dialect(name: str) -> None:
+    entry = MANIFEST[name]
+    framing = stream_framing(entry["content_type"], entry["headers"])
+    assert framing == entry["framing"]
+    relay = relay_for(name)
+    relay.feed(fixture(name), 1.0)
+    assert relay.dialect == entry["dialect"]
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_content_text_and_tool_arguments_are_extracted(name: str) -> None:
+    entry = MANIFEST[name]
+    text, events, _, _ = observed(name)
+    if entry["dialect"] == "generic":
+        # Every data event of an unknown stream is its content.
+        decoded = SSEDecoder().feed(fixture(name))
+        assert text == "".join(e.data for e in decoded)
+        return
+    expected = entry["text"] + entry["tool_args"] + entry.get("thinking", "")
+    # Fragments of text, thinking and tool arguments may interleave across
+    # blocks; Gemini re-serialises whole args objects (spacing differs).
+    assert Counter(text.replace(" ", "")) == Counter(expected.replace(" ", ""))
+    assert events == entry["content_events"] + entry.get("thinking_events", 0)
+    position = 0
+    for char in entry["text"]:  # the answer text appears in order
+        position = text.index(char, position) + 1
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_usage_and_terminal_event_are_recognised(name: str) -> None:
+    entry = MANIFEST[name]
+    _, _, usage, terminal = observed(name)
+    assert usage == entry["output_tokens"]
+    assert terminal == entry["terminal"]
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_whole_fixture_relays_unchanged_and_completes(name: str) -> None:
+    data = fixture(name)
+    relay = relay_for(name)
+    out = b"".join(relay.feed(data[i : i + 7], 1.0 + i / 1e4) for i in range(0, len(data), 7))
+    out += relay.upstream_eof(2.0)
+    assert out == data
+    assert relay.end_state == "completed"
+    entry = MANIFEST[name]
+    if entry["output_tokens"] is not None:
+        assert relay.meter.tokens_generated == entry["output_tokens"]
+        assert relay.meter.tokens_delivered == relay.meter.tokens_generated
+        assert relay.meter.tokens_method == "usage"
+
+
+def _without_terminal(name: str) -> bytes:
+    """The fixture cut just before its terminal event (a clean truncation)."""
+    entry = MANIFEST[name]
+    data = fixture(name)
+    framer = SSEFramer() if entry["framing"] == "sse" else LineFramer()
+    frames = framer.feed(data) + framer.close()
+    relay = relay_for(name)
+    kept = b""
+    for frame in frames:
+        relay.feed(frame.raw, 1.0)
+        if relay._terminal_seen:
+            return kept
+        kept += frame.raw
+    raise AssertionError("no terminal event")
+
+
+TERMINATED = sorted(n for n, e in MANIFEST.items() if e["terminal"])
+
+
+@pytest.mark.parametrize("name", TERMINATED)
+def test_truncated_stream_gets_the_dialects_error_event(name: str) -> None:
+    entry = MANIFEST[name]
+    cut = _without_terminal(name)
+    relay = relay_for(name)
+    out = relay.feed(cut, 1.0) + relay.upstream_eof(2.0)
+    assert out.startswith(cut)
+    error = out[len(cut) :]
+    assert relay.end_state == "upstream_truncated"
+    assert relay.meter.error_code == "stream_truncated"
+    assert b"stream_truncated" in error
+    framer = SSEFramer() if entry["framing"] == "sse" else LineFramer()
+    frames = framer.feed(error) + framer.close()
+    events = [f.event for f in frames if f.event is not None]
+    assert len(events) == 1
+    # The error is recognised as an in-band upstream error by its own dialect.
+    dialect = detect(
+        entry["dialect"],
+        path=entry["request_path"],
+        content_type=entry["content_type"],
+        headers=entry["headers"],
+    ).dialect
+    assert dialect.inspect(events[0]).error
+
+
+ERROR_SHAPES = {
+    "openai-chat": lambda e: (
+        e.event == "message" and json.loads(e.data)["error"]["code"] == "stream_truncated"
+    ),
+    "openai-responses": lambda e: (
+        e.event == "error" and json.loads(e.data)["error"]["code"] == "stream_truncated"
+    ),
+    "anthropic": lambda e: (
+        e.event == "error"
+        and json.loads(e.data)["type"] == "error"
+        and json.loads(e.data)["error"]["code"] == "stream_truncated"
+    ),
+    "gemini": lambda e: json.loads(e.data)["error"]["code"] == "stream_truncated",
+    "generic": lambda e: (
+        e.event == "error" and json.loads(e.data)["error"]["code"] == "stream_truncated"
+    ),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(ERROR_SHAPES))
+def test_error_event_names_its_code_in_a_machine_field_and_in_its_message(dialect: str) -> None:
+    relay = Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/x",
+        content_type="text/event-stream",
+        headers={},
+        dialect=dialect,
+    )
+    out = relay.upstream_eof(1.0) if dialect != "generic" else relay.upstream_failed(1.0)
+    (event,) = SSEDecoder().feed(out)
+    code = "stream_truncated" if dialect != "generic" else "upstream_error"
+    if dialect == "generic":
+        assert json.loads(event.data)["error"]["code"] == code
+    else:
+        assert ERROR_SHAPES[dialect](event)
+    assert f"({code})" in event.data
+
+
+def test_detection_prefers_headers_over_path() -> None:
+    detection = detect(
+        "auto",
+        path="/v1/chat/completions",
+        content_type="application/x-ndjson",
+        headers={},
+    )
+    assert detection.dialect.name == "ndjson"
+    assert not detection.provisional
+
+
+def test_first_event_overrules_a_path_guess() -> None:
+    relay = Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/api/stream",
+        content_type="text/event-stream",
+        headers={},
+    )
+    assert relay.dialect == "generic"
+    relay.feed(b'event: message_start\ndata: {"type":"message_start"}\n\n', 1.0)
+    assert relay.dialect == "anthropic"
+
+
+def test_configured_dialect_is_not_overruled() -> None:
+    detection = detect(
+        "openai-chat", path="/v1/messages", content_type="text/event-stream", headers={}
+    )
+    assert detection.dialect.name == "openai-chat"
+    assert not detection.provisional
+    assert sniff(Event("message_start", "{}"), detection.dialect).name == "anthropic"
+
+
+def test_ndjson_without_done_key_is_not_truncated_at_eof() -> None:
+    relay = Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/logs",
+        content_type="application/x-ndjson",
+        headers={},
+    )
+    relay.feed(b'{"line": 1}\n{"line": 2}\n', 1.0)
+    assert relay.upstream_eof(2.0) == b""
+    assert relay.end_state == "completed"
+
+
+def test_ollama_shaped_ndjson_without_done_is_truncated() -> None:
+    relay = Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/api/chat",
+        content_type="application/x-ndjson",
+        headers={},
+    )
+    relay.feed(b'{"message":{"role":"assistant","content":"Hi"},"done":false}\n', 1.0)
+    out = relay.upstream_eof(2.0)
+    assert json.loads(out)["code"] == "stream_truncated"
+    assert relay.end_state == "upstream_truncated"
+
+
+def test_vercel_data_stream_error_is_an_error_part() -> None:
+    entry = MANIFEST["vercel_data_stream.txt"]
+    relay = Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/api/chat",
+        content_type=entry["content_type"],
+        headers=entry["headers"],
+    )
+    relay.feed(b'0:"Hel"\n0:"lo', 1.0)  # the last line has no newline yet
+    out = relay.upstream_failed(2.0)
+    assert out.startswith(b'3:"streamwarden:')
+    assert out.endswith(b'(upstream_error)"\n')
