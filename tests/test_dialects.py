@@ -279,7 +279,7 @@ def test_vercel_data_stream_error_is_an_error_part() -> None:
         content_type=entry["content_type"],
         headers=entry["headers"],
     )
-    relay.feed(b'0:"Hel"\n0:"lo', 1.0)  # the last line has no newline yet
-    out = relay.upstream_failed(2.0)
+    assert relay.feed(b'0:"Hel"\n0:"lo', 1.0) == b'0:"Hel"\n'  # the cut line is held
+    out = relay.upstream_eof(2.0)
     assert out.startswith(b'3:"streamwarden:')
-    assert out.endswith(b'(upstream_error)"\n')
+    assert out.endswith(b'(stream_truncated)"\n')

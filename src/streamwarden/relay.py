@@ -99,7 +99,6 @@ class Relay:
         "_limits",
         "_provisional",
         "_terminal_seen",
-        "_trailing_newline",
         "meter",
     )
 
@@ -131,7 +130,6 @@ class Relay:
         self._last_upstream = now
         self._terminal_seen = False
         self._client_gone = False
-        self._trailing_newline = True
 
     # -- state ---------------------------------------------------------------
 
@@ -186,17 +184,17 @@ class Relay:
         """The upstream ended its response cleanly."""
         if self.done:
             return b""
-        # An SSE block cut before its blank line is a truncation in any dialect.
-        partial = self._framing == "sse" and self._framer.pending_bytes > 0
-        out = self._forward(self._framer.close(), now)
+        # A block or line cut before its terminator is a truncation in any dialect.
+        partial = self._framer.pending_bytes > 0
+        self._framer.close()  # the partial block or line is dropped, never forwarded
         meter = self.meter
         if meter.upstream_reported_error:
             meter.end(EndState.UPSTREAM_ERROR, now)
         elif self._terminal_seen or not (self._dialect.expects_terminal or partial):
             meter.end(EndState.COMPLETED, now)
         else:
-            out += self._fail(ErrorCode.STREAM_TRUNCATED, now)
-        return out
+            return self._fail(ErrorCode.STREAM_TRUNCATED, now)
+        return b""
 
     def upstream_failed(self, now: float) -> bytes:
         """The upstream connection broke (reset, bad chunked encoding, read error)."""
@@ -280,7 +278,6 @@ class Relay:
         out = frames[0].raw if len(frames) == 1 else b"".join(f.raw for f in frames)
         meter.events_out += events
         meter.bytes_out += len(out)
-        self._trailing_newline = out.endswith((b"\n", b"\r"))
         self._last_write = now
         return out
 
@@ -307,9 +304,5 @@ class Relay:
         if self._client_gone:
             return b""
         error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
-        if not self._trailing_newline:
-            # A line-framed stream's last line arrived without its newline:
-            # the error record must start a line of its own.
-            error = b"\n" + error
         self.meter.bytes_out += len(error)
         return error

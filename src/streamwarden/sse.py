@@ -106,6 +106,7 @@ class SSEFramer:
     """
 
     __slots__ = (
+        "_bom_stripped",
         "_buf",
         "_data",
         "_event_type",
@@ -126,6 +127,7 @@ class SSEFramer:
         self._pos = 0
         self._skip_lf = False
         self._stream_start = True
+        self._bom_stripped = False
         self._failed = False
         self._data: list[str] = []
         self._event_type = ""
@@ -146,14 +148,20 @@ class SSEFramer:
         buf = self._buf
         buf += chunk
         if self._stream_start:
-            # The BOM may itself arrive split across chunks, and whether to
-            # strip it depends on whether a second one follows: wait for six
-            # bytes (or a mismatch) before deciding.
-            if len(buf) < 6 and (_BOM + _BOM).startswith(buf):
+            # The BOM may itself arrive split across chunks: wait for three
+            # bytes (or a mismatch) before deciding. Once one is stripped,
+            # decide the same way whether a second one follows; if so, both
+            # are kept (see the divergences above).
+            if len(buf) < 3 and _BOM.startswith(buf):
                 return []
-            self._stream_start = False
-            if buf.startswith(_BOM) and not buf.startswith(_BOM, 3):
+            if not self._bom_stripped and buf.startswith(_BOM):
                 del buf[:3]
+                self._bom_stripped = True
+                if len(buf) < 3 and _BOM.startswith(buf):
+                    return []
+            self._stream_start = False
+            if self._bom_stripped and buf.startswith(_BOM):
+                buf[:0] = _BOM
         pos = self._pos
         n = len(buf)
         if self._skip_lf and pos < n:
@@ -282,9 +290,7 @@ class LineFramer:
     Lines end with LF (a CR before it is kept in the raw bytes and dropped
     from the decoded text). Each non-empty line becomes a frame whose event
     carries the line as ``data``; blank lines are frames without an event.
-    At ``close`` a final line without its LF is still dispatched: in these
-    formats a line is a complete JSON value or record, and the dialect
-    judges whether it was the terminal one.
+    As with SSE, a final line without its terminator is never dispatched.
     """
 
     __slots__ = ("_buf", "_failed", "_limit")
@@ -319,11 +325,14 @@ class LineFramer:
         return frames
 
     def close(self) -> list[Frame]:
-        if self._failed or not self._buf:
-            return []
-        raw = bytes(self._buf)
+        """End of stream. A final line without its LF is dropped, not dispatched.
+
+        NDJSON requires every record to end with a newline, and the Vercel
+        data stream writes one after every part: a line cut short is a
+        truncated record, and forwarding it would hand the client broken JSON.
+        """
         self._buf.clear()
-        return [_line_frame(raw)]
+        return []
 
     def _fail(self, size: int, frames: list[Frame]) -> None:
         self._failed = True

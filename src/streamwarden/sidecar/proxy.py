@@ -52,6 +52,10 @@ _WS_HANDSHAKE = frozenset(
     }
 )
 _CLIENT_GONE = (ConnectionResetError, BrokenPipeError, aiohttp.ClientConnectionResetError)
+# How a broken upstream body surfaces from aiohttp's reader. A malformed
+# chunk followed by a close arrives as RuntimeError("Connection closed.")
+# from the stream reader rather than as a payload error.
+_UPSTREAM_BROKE = (aiohttp.ClientError, OSError, RuntimeError)
 
 
 class BodyTooLarge(Exception):
@@ -142,6 +146,7 @@ class Proxy:
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream unreachable: %s", exc)
             return json_error(502, "upstream_unreachable", "the upstream could not be reached")
+        _watch_connection(upstream)
         try:
             framing = stream_framing(
                 upstream.headers.get("Content-Type"), upstream.headers, self._extra_types
@@ -206,7 +211,7 @@ class Proxy:
         try:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
-        except (aiohttp.ClientError, OSError):
+        except _UPSTREAM_BROKE:
             # The upstream broke mid-body: cut the client's connection too, so
             # it cannot mistake a short body for a whole one.
             if request.transport is not None:
@@ -294,7 +299,7 @@ class Proxy:
             except TimeoutError:
                 now = loop.time()
                 out = relay.shutdown(now) if stream.draining else relay.poll(now)
-            except (aiohttp.ClientError, OSError):
+            except _UPSTREAM_BROKE:
                 out = relay.upstream_failed(loop.time())
             else:
                 if chunk:
@@ -354,6 +359,31 @@ class Proxy:
             if not client.closed:
                 await client.close(code=aiohttp.WSCloseCode.GOING_AWAY)
         return client
+
+
+def _watch_connection(upstream: aiohttp.ClientResponse) -> None:
+    """Make a lost upstream connection wake a reader waiting on the body.
+
+    When aiohttp's parser rejects the body (a malformed chunk) and the
+    connection then closes, the error lands on the connection, not on the
+    body stream, and a pending read would wait forever. Failing the body
+    once the connection is gone turns that into an upstream error at once.
+    """
+    connection = upstream.connection
+    protocol = connection.protocol if connection is not None else None
+    if protocol is None:
+        return
+    body = upstream.content
+
+    def lost(closed: asyncio.Future[None]) -> None:
+        if not closed.cancelled():
+            closed.exception()  # retrieved here; the body carries the news
+        if not body.is_eof() and body.exception() is None:
+            body.set_exception(aiohttp.ClientPayloadError("upstream connection lost"))
+
+    closed = protocol.closed
+    if closed is not None:
+        closed.add_done_callback(lost)
 
 
 def _is_websocket(request: web.Request) -> bool:

@@ -58,6 +58,17 @@ class Sidecar:
         self.proxy_port = 0
         self.admin_port = 0
 
+    @property
+    def proxy_url(self) -> str:
+        """``http://HOST:PORT`` of the proxy listener (after :meth:`start`)."""
+        host, _ = _split(self.settings.listen)
+        return f"http://{_url_host(host)}:{self.proxy_port}"
+
+    @property
+    def admin_url(self) -> str:
+        host, _ = _split(self.settings.admin_listen)
+        return f"http://{_url_host(host)}:{self.admin_port}"
+
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
@@ -129,6 +140,14 @@ class Sidecar:
         if self.draining:
             return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ready"})
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -1,0 +1,46 @@
+"""Shared fixtures: a real mock upstream and real sidecars on loopback ports."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from streamwarden.config import load_settings
+from streamwarden.mock import MockServer, start_mock
+from streamwarden.sidecar import Sidecar
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+
+
+@pytest.fixture
+async def mock() -> AsyncIterator[MockServer]:
+    server = await start_mock()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def start_sidecar() -> AsyncIterator[StartSidecar]:
+    """Start sidecars on free loopback ports; all are closed after the test."""
+    started: list[Sidecar] = []
+
+    async def start(upstream: str, **overrides: Any) -> Sidecar:
+        settings = load_settings(
+            environ={},
+            overrides={
+                "upstream": upstream,
+                "listen": "127.0.0.1:0",
+                "admin_listen": "127.0.0.1:0",
+                **overrides,
+            },
+        )
+        sidecar = Sidecar(settings)
+        await sidecar.start()
+        started.append(sidecar)
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        await sidecar.close()

@@ -1,0 +1,197 @@
+"""The config model: precedence, parsing, per-route overrides, one-line errors, the CLI's exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamwarden.config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    parse_duration,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("15s", 15.0),
+        ("250ms", 0.25),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1.5s", 1.5),
+        (3, 3.0),
+        ("10", 10.0),
+        (0.5, 0.5),
+    ],
+)
+def test_durations_parse(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("64KiB", 65536),
+        ("1MiB", 1 << 20),
+        ("1GiB", 1 << 30),
+        ("8MiB", 8 << 20),
+        (100, 100),
+        ("1kB", 1000),
+        ("512", 512),
+    ],
+)
+def test_sizes_parse(text: object, size: int) -> None:
+    assert parse_size(text) == size
+
+
+def test_defaults_match_the_design() -> None:
+    s = Settings()
+    assert s.listen == "0.0.0.0:8080"
+    assert s.admin_listen == "0.0.0.0:9090"
+    assert s.keepalive_interval == 15.0
+    assert s.upstream_connect_timeout == 10.0
+    assert s.upstream_idle_timeout == 60.0
+    assert s.max_stream_duration == 1800.0
+    assert s.client_write_timeout == 30.0
+    assert s.max_event_bytes == 8 << 20
+    assert s.max_request_body_bytes == 64 << 20
+    assert s.max_concurrent_streams == 0
+    assert s.drain_timeout == 25.0
+    assert s.dialect == "auto"
+    assert s.log_format == "json"
+    assert s.log_level == "info"
+
+
+def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("keepalive_interval: 5s\nupstream_idle_timeout: 30s\ndrain_timeout: 10s\n")
+    env = {"STREAMWARDEN_UPSTREAM_IDLE_TIMEOUT": "20s", "STREAMWARDEN_DRAIN_TIMEOUT": "9s"}
+    s = load_settings(config, environ=env, overrides={"drain_timeout": "8s"})
+    assert s.keepalive_interval == 5.0  # file
+    assert s.upstream_idle_timeout == 20.0  # environment over file
+    assert s.drain_timeout == 8.0  # flag over both
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("upstream: http://127.0.0.1:9\n")
+    s = load_settings(environ={"STREAMWARDEN_CONFIG": str(config)})
+    assert s.upstream == "http://127.0.0.1:9"
+
+
+def test_routes_override_per_prefix_longest_wins() -> None:
+    s = load_settings(
+        environ={},
+        overrides={
+            "keepalive_interval": "15s",
+            "routes": {
+                "/v1": {"keepalive_interval": "5s"},
+                "/v1/messages": {"keepalive_interval": "1s", "dialect": "anthropic"},
+            },
+        },
+    )
+    assert s.for_path("/v1/messages").limits.keepalive_interval == 1.0
+    assert s.for_path("/v1/messages").dialect == "anthropic"
+    assert s.for_path("/v1/messages").route == "/v1/messages"
+    assert s.for_path("/v1/chat/completions").limits.keepalive_interval == 5.0
+    assert s.for_path("/v1/chat/completions").dialect == "auto"
+    assert s.for_path("/health").limits.keepalive_interval == 15.0
+    assert s.for_path("/health").route == "/"
+
+
+def test_routes_from_environment_as_yaml() -> None:
+    s = load_settings(environ={"STREAMWARDEN_ROUTES": "{/v1: {dialect: openai-chat}}"})
+    assert s.for_path("/v1/x").dialect == "openai-chat"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"keepalive_interval": "fast"},
+            'keepalive_interval: "fast" is not a duration (e.g. 15s, 250ms, 2m)',
+        ),
+        ({"max_event_bytes": "huge"}, 'max_event_bytes: "huge" is not a size (e.g. 64KiB'),
+        ({"listen": "8080"}, 'listen: "8080" is not HOST:PORT'),
+        ({"upstream": "ftp://x"}, 'upstream: "ftp://x" is not an upstream URL'),
+        ({"dialect": "klingon"}, 'dialect: "klingon" is not one of'),
+        ({"max_concurrent_streams": "many"}, 'max_concurrent_streams: "many" is not an integer'),
+        ({"max_concurrent_streams": -1}, "max_concurrent_streams: -1 must be at least 0"),
+        (
+            {"keepalive": "1s"},
+            'keepalive: unknown key "keepalive" (did you mean "keepalive_interval"?)',
+        ),
+        ({"routes": {"/v1": {"dialekt": "x"}}}, 'unknown key "dialekt" (did you mean "dialect"?)'),
+        (
+            {"routes": {"/v1": {"keepalive_interval": "soon"}}},
+            'routes./v1.keepalive_interval: "soon" is not a duration',
+        ),
+        ({"log_format": "xml"}, 'log_format: "xml" is not one of'),
+    ],
+)
+def test_bad_values_get_one_clear_line(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={}, overrides=overrides)
+    text = str(caught.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_unknown_environment_variable_is_an_error_with_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match='did you mean "STREAMWARDEN_KEEPALIVE_INTERVAL"'):
+        load_settings(environ={"STREAMWARDEN_KEEPALIVE_INTERVALL": "1s"})
+
+
+def test_bad_yaml_and_missing_file_are_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("keepalive_interval: [1\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_settings(bad, environ={})
+    with pytest.raises(ConfigError, match="config file"):
+        load_settings(tmp_path / "missing.yaml", environ={})
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_settings(listed, environ={})
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamwarden.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+
+
+def test_check_config_accepts_a_good_file_and_rejects_a_bad_one(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("upstream: http://127.0.0.1:8000\nkeepalive_interval: 10s\n")
+    ok = run_cli("check-config", str(good))
+    assert ok.returncode == 0, ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("keepalive_interval: fast\n")
+    result = run_cli("check-config", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        'streamwarden: error: keepalive_interval: "fast" is not a duration (e.g. 15s, 250ms, 2m)'
+    ]
+
+
+def test_bad_flag_exits_2_with_one_line() -> None:
+    result = run_cli("run", "--no-such-flag")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_run_without_upstream_exits_2() -> None:
+    result = run_cli("run", "--listen", "127.0.0.1:0", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "upstream: required" in result.stderr

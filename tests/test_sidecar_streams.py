@@ -1,0 +1,417 @@
+"""The sidecar's five jobs on real streams: real SDKs, real sockets, a real mock upstream.
+
+Each behaviour is first shown failing on a direct connection to the mock
+(or through a naive proxy, where a direct connection has no such problem),
+then shown fixed through the sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import anthropic
+import httpx
+import openai
+import pytest
+from aiohttp import web
+from httpx_sse import aconnect_sse
+
+from streamwarden.mock import MockServer
+from streamwarden.relay import KEEPALIVE
+from streamwarden.sidecar import Sidecar
+from streamwarden.sse import SSEDecoder
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+async def openai_stream(base_url: str, **headers: str) -> tuple[str, int | None]:
+    client = openai.AsyncOpenAI(
+        base_url=base_url + "/v1", api_key="test", max_retries=0, default_headers=headers
+    )
+    text, usage = "", None
+    try:
+        stream = await client.chat.completions.create(
+            model="mock",
+            messages=CHAT,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+            if chunk.usage is not None:
+                usage = chunk.usage.completion_tokens
+    finally:
+        await client.close()
+    return text, usage
+
+
+async def anthropic_stream(base_url: str, **headers: str) -> str:
+    client = anthropic.AsyncAnthropic(
+        base_url=base_url, api_key="test", max_retries=0, default_headers=headers
+    )
+    text = ""
+    try:
+        stream = await client.messages.create(
+            model="mock",
+            max_tokens=100,
+            messages=CHAT,
+            stream=True,  # type: ignore[arg-type]
+        )
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                text += event.delta.text
+    finally:
+        await client.close()
+    return text
+
+
+FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "30"}
+
+
+async def test_openai_sdk_streams_unchanged_through_the_sidecar(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    direct = await openai_stream(mock.url, **FAST)
+    proxied = await openai_stream(sidecar.proxy_url, **FAST)
+    assert proxied == direct
+    assert direct[1] == 30
+    (record,) = sidecar.tracker.finished
+    assert record.meter.end_state == "completed"
+    assert record.dialect == "openai-chat"
+    assert record.meter.tokens_generated == record.meter.tokens_delivered == 30
+
+
+async def test_anthropic_sdk_streams_unchanged_through_the_sidecar(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    direct = await anthropic_stream(mock.url, **FAST)
+    assert direct
+    assert await anthropic_stream(sidecar.proxy_url, **FAST) == direct
+
+
+async def test_truncated_upstream_is_silent_direct_and_raises_through_the_sidecar(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    cut = {**FAST, "x-mock-fault": "truncate"}
+    # The problem: both SDKs hand back half an answer without a word.
+    text, usage = await openai_stream(mock.url, **cut)
+    assert text and usage is None
+    assert await anthropic_stream(mock.url, **cut)
+    # Through the sidecar both raise, carrying the code.
+    with pytest.raises(openai.APIError) as caught:
+        await openai_stream(sidecar.proxy_url, **cut)
+    assert caught.value.code == "stream_truncated"
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await anthropic_stream(sidecar.proxy_url, **cut)
+    assert "stream_truncated" in str(raised.value)
+    states = [r.meter.end_state for r in sidecar.tracker.finished]
+    assert states == ["upstream_truncated", "upstream_truncated"]
+
+
+async def test_reset_upstream_is_a_connection_error_direct_and_an_api_error_through(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    reset = {**FAST, "x-mock-fault": "reset"}
+    with pytest.raises(openai.APIConnectionError):
+        await openai_stream(mock.url, **reset)
+    with pytest.raises(openai.APIError) as caught:
+        await openai_stream(sidecar.proxy_url, **reset)
+    assert not isinstance(caught.value, openai.APIConnectionError)
+    assert caught.value.code == "upstream_error"
+
+
+# -- adversarial chunking ------------------------------------------------------
+
+ADVERSARIAL = (
+    'data: {"choices":[{"delta":{"content":"naïve café 日本語 😀"}}]}\r\n\r\n'
+    "event: note\r\nid: 7\r\ndata: line one\r\ndata: line two 😀\r\n\r\n"
+    ": a comment\n\n"
+    'data: {"choices":[{"delta":{"content":"— end"}}]}\r\n\r\n'
+    "data: [DONE]\r\n\r\n"
+).encode()
+
+
+@pytest.fixture
+async def adversarial_upstream() -> AsyncIterator[str]:
+    """Writes the stream in pieces cut inside multi-byte characters and CRLFs."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        cuts = sorted(
+            {i + 1 for i, b in enumerate(ADVERSARIAL) if b in (0x0D, 0xC3, 0xE6, 0xF0)}
+            | {i + 2 for i, b in enumerate(ADVERSARIAL) if b in (0xE6, 0xF0)}
+        )
+        start = 0
+        for cut in [*cuts, len(ADVERSARIAL)]:
+            await response.write(ADVERSARIAL[start:cut])
+            await asyncio.sleep(0.002)  # separate TCP segments
+            start = cut
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def sse_events(url: str) -> list[tuple[str, str, str]]:
+    async with (
+        httpx.AsyncClient() as client,
+        aconnect_sse(client, "POST", url + "/v1/chat/completions") as source,
+    ):
+        return [(e.event, e.data, e.id) async for e in source.aiter_sse()]
+
+
+async def test_httpx_sse_sees_the_same_events_under_adversarial_chunking(
+    adversarial_upstream: str, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(adversarial_upstream)
+    direct = await sse_events(adversarial_upstream)
+    assert [data for _, data, _ in direct if data][1] == "line one\nline two 😀"
+    assert await sse_events(sidecar.proxy_url) == direct
+    (record,) = sidecar.tracker.finished
+    assert record.meter.end_state == "completed"
+
+
+# -- keep-alives and trickling -------------------------------------------------
+
+
+async def timed_chunks(
+    url: str, headers: dict[str, str], until: float
+) -> list[tuple[float, bytes]]:
+    """(arrival time, bytes) of each read, for ``until`` seconds."""
+    arrivals: list[tuple[float, bytes]] = []
+    async with aiohttp.ClientSession() as session:
+        start = time.monotonic()
+        async with session.post(url, headers=headers, json={"stream": True}) as response:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(until):
+                    async for chunk in response.content.iter_any():
+                        arrivals.append((time.monotonic() - start, chunk))
+    return arrivals
+
+
+async def test_keepalives_arrive_on_time_while_the_upstream_is_silent(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    stall = {**FAST, "x-mock-fault": "stall", "x-mock-fault-after": "2"}
+    url = "/v1/chat/completions"
+    # The problem: directly, a stalled upstream sends nothing at all.
+    direct = await timed_chunks(mock.url + url, stall, until=1.0)
+    assert all(KEEPALIVE not in chunk for _, chunk in direct)
+    sidecar = await start_sidecar(mock.url, keepalive_interval="200ms")
+    proxied = await timed_chunks(sidecar.proxy_url + url, stall, until=1.55)
+    keepalives = [t for t, chunk in proxied if chunk == KEEPALIVE]
+    assert len(keepalives) == 7
+    gaps = [b - a for a, b in itertools.pairwise(keepalives)]
+    assert all(0.18 <= gap <= 0.22 for gap in gaps), gaps  # within 10% of the interval
+    # Never inside an event: every read decodes on its own to whole events.
+    body = b"".join(chunk for _, chunk in proxied)
+    assert body.count(KEEPALIVE) == 7
+    for _, chunk in proxied:
+        assert chunk.endswith(b"\n\n")
+
+
+async def test_curl_sees_tokens_arrive_one_by_one(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    process = await asyncio.create_subprocess_exec(
+        "curl",
+        "-sN",
+        "-X",
+        "POST",
+        sidecar.proxy_url + "/v1/chat/completions",
+        "-H",
+        "x-mock-tps: 20",
+        "-H",
+        "x-mock-ttft: 0",
+        "-H",
+        "x-mock-tokens: 10",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        '{"stream": true}',
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    arrivals = []
+    start = time.monotonic()
+    async with asyncio.timeout(10):
+        while line := await process.stdout.readline():
+            if line.startswith(b"data: {") and b'"content":"' in line:
+                arrivals.append(time.monotonic() - start)
+    await process.wait()
+    assert len(arrivals) >= 10
+    # 20 tokens/s: spread over ~0.5 s, not one lump at the end.
+    assert arrivals[-1] - arrivals[0] > 0.3
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert sum(1 for g in gaps if g > 0.02) >= 7
+
+
+# -- cancellation --------------------------------------------------------------
+
+
+def raw_request(port: int, path: str, headers: dict[str, str]) -> bytes:
+    body = b'{"stream": true}'
+    lines = [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+    ]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def cancel_delay(port: int, mock: MockServer, request_id: str) -> float:
+    """Open a stream, wait until the upstream is silent, close; seconds until the mock saw it."""
+    headers = {
+        **FAST,
+        "x-mock-fault": "stall",
+        "x-mock-fault-after": "3",
+        "x-mock-request-id": request_id,
+    }
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw_request(port, "/v1/chat/completions", headers))
+    received = b""
+    async with asyncio.timeout(5):
+        while received.count(b'"content"') < 3:
+            received += await reader.read(65536)
+    await asyncio.sleep(0.02)  # the upstream is now silent
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x00" * 8)
+    closed = time.monotonic()
+    writer.close()
+    record = await mock.stats.wait_ended(request_id, timeout=3)
+    assert record.closed_early and record.closed_at is not None
+    return record.closed_at - closed
+
+
+async def test_client_leaving_closes_the_silent_upstream_at_once(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    delays = [await cancel_delay(sidecar.proxy_port, mock, f"cancel-{i}") for i in range(50)]
+    delays.sort()
+    p99 = delays[int(len(delays) * 0.99) - 1]
+    assert p99 < 0.050, delays
+    for i in range(50):
+        record = mock.stats.get(f"cancel-{i}")
+        assert record is not None and record.tokens_generated == 3  # it stopped generating
+    await asyncio.sleep(0.05)
+    states = {r.meter.end_state for r in sidecar.tracker.finished}
+    assert states == {"client_cancelled"}
+    assert not sidecar.tracker.active
+
+
+async def test_a_naive_proxy_leaves_the_silent_upstream_running(mock: MockServer) -> None:
+    """The baseline: an aiohttp proxy without handler cancellation never notices."""
+
+    async def naive(request: web.Request) -> web.StreamResponse:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                mock.url + request.path, headers=request.headers, data=await request.read()
+            ) as upstream,
+        ):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            return response
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", naive)
+    # aiohttp's default is handler_cancellation=False.
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    with pytest.raises(TimeoutError):
+        await cancel_delay(port, mock, "naive")
+    record = mock.stats.get("naive")
+    assert record is not None and not record.ended  # still generating for nobody
+    await runner.cleanup()
+
+
+# -- faults --------------------------------------------------------------------
+
+FAULTS = [
+    ("truncate", "upstream_truncated", "stream_truncated"),
+    ("truncate-mid", "upstream_truncated", "stream_truncated"),
+    ("reset", "upstream_error", "upstream_error"),
+    ("broken-chunked", "upstream_error", "upstream_error"),
+    ("stall", "upstream_timeout", "upstream_timeout"),
+    ("giant-event", "limit_exceeded", "event_too_large"),
+    ("garbage", "upstream_truncated", "stream_truncated"),  # bytes, no line end, then EOF
+    (None, "completed", None),
+    ("keepalive-pings", "completed", None),
+]
+PATHS = {
+    "openai-chat": "/v1/chat/completions",
+    "anthropic": "/v1/messages",
+    "openai-responses": "/v1/responses",
+    "gemini": "/v1beta/models/mock:streamGenerateContent?alt=sse",
+    "ndjson": "/api/chat",
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(PATHS))
+@pytest.mark.parametrize(("fault", "end_state", "code"), FAULTS, ids=[str(f[0]) for f in FAULTS])
+async def test_each_fault_ends_with_the_right_state_and_code(
+    mock: MockServer,
+    start_sidecar: StartSidecar,
+    dialect: str,
+    fault: str | None,
+    end_state: str,
+    code: str | None,
+) -> None:
+    sidecar = await start_sidecar(mock.url, upstream_idle_timeout="300ms", max_event_bytes="256KiB")
+    headers = {**FAST, "x-mock-tokens": "6", "x-mock-size": str(1 << 20)}
+    if fault:
+        headers["x-mock-fault"] = fault
+    if fault == "keepalive-pings" and dialect == "ndjson":
+        pytest.skip("NDJSON has no comment syntax for pings")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            sidecar.proxy_url + PATHS[dialect], headers=headers, json={"stream": True}
+        ) as response,
+    ):
+        assert response.status == 200
+        body = await response.read()  # a clean end: no exception from the client
+    await asyncio.sleep(0.01)
+    (record,) = sidecar.tracker.finished
+    assert record.dialect == dialect
+    assert record.meter.end_state == end_state
+    assert record.meter.error_code == code
+    if code is not None:
+        assert code.encode() in body
+        tail = body.rsplit(b"\n\n", 2)[-2] if dialect != "ndjson" else body.splitlines()[-1]
+        assert code.encode() in tail  # the error is the last thing in the body
+    if dialect != "ndjson":
+        SSEDecoder().feed(body)  # well-formed event stream
+    else:
+        for line in body.splitlines():
+            json.loads(line)
