@@ -192,6 +192,8 @@ class Settings(BaseModel):
     redact_headers: tuple[str, ...] = ()
     #: Per path prefix overrides; the longest matching prefix wins.
     routes: dict[str, RouteSettings] = Field(default_factory=dict)
+    #: Middleware only: serve the Prometheus metrics at this path of the app.
+    metrics_path: str | None = None
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
