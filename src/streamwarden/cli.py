@@ -92,7 +92,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["mock-upstream"]:
+        # The mock has its own flags (argparse would not pass "--x" through).
+        from streamwarden.mock import run_mock_cli
+
+        return run_mock_cli(arguments[1:])
+    args = _parser().parse_args(arguments)
     try:
         if args.command == "run":
             return _run(args)
@@ -104,10 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             from streamwarden.demo import run_demo
 
             return run_demo(port=args.port, duration=args.duration)
-        if args.command == "mock-upstream":
-            from streamwarden.mock import run_mock_cli
-
-            return run_mock_cli(args.args)
     except ConfigError as exc:
         print(f"streamwarden: error: {exc}", file=sys.stderr)
         return 2

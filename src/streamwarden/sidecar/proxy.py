@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -122,14 +123,23 @@ class Proxy:
             await self._session.close()
             self._session = None
 
-    # -- the handler -----------------------------------------------------------
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """No open proxy: only origin-form targets reach the upstream, never CONNECT.
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        started = asyncio.get_running_loop().time()
+        Runs before routing so that targets the router cannot match
+        (``CONNECT host:443``, ``GET http://other/``) get a clear refusal.
+        """
         if request.method == "CONNECT":
             return json_error(405, "method_not_allowed", "CONNECT is not proxied")
         if not request.raw_path.startswith("/"):
             return json_error(400, "bad_request_target", "only origin-form request targets")
+        return await handler(request)
+
+    # -- the handler -----------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = asyncio.get_running_loop().time()
         limit = self.settings.max_request_body_bytes
         if request.content_length is not None and request.content_length > limit:
             return json_error(413, "request_too_large", f"request body over {limit} bytes")
@@ -195,7 +205,7 @@ class Proxy:
                 async with asyncio.timeout(wait):
                     return await call
             return await call
-        except aiohttp.ClientPayloadError as exc:
+        except aiohttp.ClientError as exc:
             # The body generator's own error surfaces wrapped by the client.
             if isinstance(exc.__cause__, BodyTooLarge):
                 raise exc.__cause__ from None
@@ -395,44 +405,51 @@ def _is_websocket(request: web.Request) -> bool:
 async def _splice_websockets(
     client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
 ) -> None:
-    """Copy messages both ways until one side closes, then close the other with its code."""
+    """Copy messages both ways until one side closes, then close the other with its code.
 
-    async def pump(source: Any, sink: Any) -> None:
-        code: int = aiohttp.WSCloseCode.GOING_AWAY
-        reason = ""
-        while True:
-            message = await source.receive()
-            if message.type == aiohttp.WSMsgType.TEXT:
-                await sink.send_str(message.data)
-            elif message.type == aiohttp.WSMsgType.BINARY:
-                await sink.send_bytes(message.data)
-            elif message.type == aiohttp.WSMsgType.CLOSE:
-                # 1005 (no code) and 1006 (abnormal) may not be sent on the wire.
-                if isinstance(message.data, int) and message.data not in (1005, 1006, 1015):
-                    code = message.data
-                reason = message.extra or ""
-                break
-            elif message.type in (aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG):
-                continue
-            else:  # CLOSING, CLOSED, ERROR: the peer vanished without a close frame
-                break
-        if not sink.closed:
-            await sink.close(code=code, message=reason.encode())
-        if not source.closed:
-            await source.close(code=code, message=reason.encode())
-
-    tasks = [
-        asyncio.ensure_future(pump(client, upstream)),
-        asyncio.ensure_future(pump(upstream, client)),
-    ]
+    Only the pumps ever call ``receive``: the pump that did not see the close
+    is cancelled before anyone calls ``close``, so no socket is read by two
+    coroutines at once.
+    """
+    sides: dict[asyncio.Future[tuple[int, str]], tuple[Any, Any]] = {
+        asyncio.ensure_future(_pump_websocket(client, upstream)): (client, upstream),
+        asyncio.ensure_future(_pump_websocket(upstream, client)): (upstream, client),
+    }
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            task.result()
+        done, _ = await asyncio.wait(sides, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
+        for task in sides:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*sides, return_exceptions=True)
+    first = done.pop()
+    source, sink = sides[first]
+    code: int = aiohttp.WSCloseCode.GOING_AWAY
+    reason = ""
+    if not first.cancelled() and first.exception() is None:
+        code, reason = first.result()
+    if not sink.closed:
+        await sink.close(code=code, message=reason.encode())
+    if not source.closed:
+        await source.close(code=code, message=reason.encode())
+
+
+async def _pump_websocket(source: Any, sink: Any) -> tuple[int, str]:
+    """Forward messages until ``source`` closes; return its close code and reason."""
+    while True:
+        message = await source.receive()
+        if message.type == aiohttp.WSMsgType.TEXT:
+            await sink.send_str(message.data)
+        elif message.type == aiohttp.WSMsgType.BINARY:
+            await sink.send_bytes(message.data)
+        elif message.type == aiohttp.WSMsgType.CLOSE:
+            # 1005 (no code) and 1006 (abnormal) may not be sent on the wire.
+            code = message.data
+            if not isinstance(code, int) or code in (1005, 1006, 1015):
+                code = aiohttp.WSCloseCode.GOING_AWAY
+            return code, message.extra or ""
+        elif message.type not in (aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG):
+            # CLOSING, CLOSED, ERROR: the peer vanished without a close frame.
+            return aiohttp.WSCloseCode.GOING_AWAY, ""
 
 
 async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:

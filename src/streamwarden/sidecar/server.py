@@ -85,7 +85,10 @@ class Sidecar:
         await admin_site.start()
         self.admin_port = _bound_port(self._admin_runner)
 
-        app = web.Application(client_max_size=self.settings.max_request_body_bytes)
+        app = web.Application(
+            client_max_size=self.settings.max_request_body_bytes,
+            middlewares=[self.proxy.guard],
+        )
         app.router.add_route("*", "/{tail:.*}", self.proxy.handle)
         self._proxy_runner = web.AppRunner(
             app,

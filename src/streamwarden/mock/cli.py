@@ -1,0 +1,167 @@
+"""The command line of the mock: ``streamwarden mock-upstream`` / ``python -m streamwarden.mock``.
+
+:func:`run_mock_cli` parses the flags, starts the server, prints one line
+saying where it listens, and serves until SIGINT or SIGTERM. It returns an
+exit code instead of exiting, so the main ``streamwarden`` CLI can delegate
+to it. A bad flag yields exit code 2 and exactly one line on stderr (not
+argparse's usage block), like every streamwarden command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from streamwarden.mock.controls import MockSettings
+from streamwarden.mock.faults import Fault
+from streamwarden.mock.formats import DIALECT_ALIASES, WIRE_FORMATS
+from streamwarden.mock.server import start_mock
+
+__all__ = ["parse_listen", "run_mock_cli"]
+
+_EXIT_USAGE = 2
+_EXIT_FAILURE = 1
+
+
+class _UsageError(Exception):
+    """A bad flag; the message is the one line to print."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) into host and port."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range (0-65535)")
+    return host, port
+
+
+def _listen(value: str) -> tuple[str, int]:
+    try:
+        return parse_listen(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser(prog: str) -> _Parser:
+    defaults = MockSettings()
+    parser = _Parser(
+        prog=prog,
+        description="Serve a simulated LLM upstream that streams like real providers "
+        "and misbehaves on request.",
+    )
+    parser.add_argument(
+        "--listen",
+        type=_listen,
+        default=("127.0.0.1", 8000),
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--dialect",
+        choices=[*WIRE_FORMATS, *DIALECT_ALIASES],
+        default=defaults.dialect,
+        metavar="D",
+        help="wire format for paths no provider owns (default %(default)s; one of: "
+        + ", ".join([*WIRE_FORMATS, *DIALECT_ALIASES])
+        + ")",
+    )
+    parser.add_argument(
+        "--tokens-per-second",
+        type=float,
+        default=defaults.tokens_per_second,
+        metavar="N",
+        help="generation pace, 0 for unpaced (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ttft",
+        type=float,
+        default=defaults.ttft,
+        metavar="SECONDS",
+        help="time to first token (default %(default)s)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=defaults.tokens,
+        metavar="N",
+        help="tokens per answer (default %(default)s)",
+    )
+    parser.add_argument(
+        "--fault",
+        choices=[fault.value for fault in Fault],
+        default=None,
+        metavar="F",
+        help="fault for every request (one of: " + ", ".join(f.value for f in Fault) + ")",
+    )
+    return parser
+
+
+def run_mock_cli(
+    argv: Sequence[str] | None = None, prog: str = "streamwarden mock-upstream"
+) -> int:
+    """Run the mock from command-line flags; return the process exit code."""
+    parser = _parser(prog)
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        settings = MockSettings(
+            dialect=args.dialect,
+            tokens_per_second=args.tokens_per_second,
+            ttft=args.ttft,
+            tokens=args.tokens,
+            fault=args.fault,
+        )
+    except _UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return _EXIT_USAGE
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return _EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    host, port = args.listen
+    try:
+        asyncio.run(_serve(host, port, settings))
+    except OSError as exc:
+        print(
+            f"{prog}: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return _EXIT_FAILURE
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _serve(host: str, port: int, settings: MockSettings) -> None:
+    server = await start_mock(host, port, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        # Not available on every platform; Ctrl-C still ends asyncio.run there.
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    pace = f"{settings.tokens_per_second:g} tokens/s" if settings.tokens_per_second else "unpaced"
+    fault = f", fault {settings.fault}" if settings.fault else ""
+    print(
+        f"streamwarden mock upstream listening on {server.url} "
+        f"(default dialect {settings.dialect}, {pace}{fault})",
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
