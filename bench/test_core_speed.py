@@ -56,5 +56,5 @@ def relay() -> int:
 def test_core_throughput(benchmark, job) -> None:  # type: ignore[no-untyped-def]
     result = benchmark(job)
     assert result > 0
-    seconds = benchmark.stats.stats.mean
-    benchmark.extra_info["events_per_second"] = round(EVENTS / seconds)
+    if not benchmark.disabled:  # CI runs this as a smoke test only
+        benchmark.extra_info["events_per_second"] = round(EVENTS / benchmark.stats.stats.mean)

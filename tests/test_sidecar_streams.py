@@ -415,3 +415,79 @@ async def test_each_fault_ends_with_the_right_state_and_code(
     else:
         for line in body.splitlines():
             json.loads(line)
+
+
+# -- early headers -------------------------------------------------------------
+
+
+async def first_bytes_within(url: str, headers: dict[str, str], seconds: float) -> bytes:
+    """What a load balancer with a ``seconds`` idle timeout would see before cutting."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with asyncio.timeout(seconds):
+                async with session.post(url, headers=headers, json={"stream": True}) as response:
+                    return await response.content.readany()
+        except TimeoutError:
+            return b""
+
+
+async def test_early_headers_keep_a_long_prefill_alive(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    slow = {**FAST, "x-mock-fault": "slow-headers", "x-mock-delay": "1.5"}
+    url = "/v1/chat/completions"
+    # The problem: a long prefill sends nothing at all, not even headers.
+    assert await first_bytes_within(mock.url + url, slow, 0.8) == b""
+    sidecar = await start_sidecar(mock.url, early_headers_after="100ms", keepalive_interval="300ms")
+    assert await first_bytes_within(sidecar.proxy_url + url, slow, 0.8) == KEEPALIVE
+    async with aiohttp.ClientSession() as session:
+        async with session.post(sidecar.proxy_url + url, headers=slow, json={"stream": True}) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            body = await r.read()
+    assert body.startswith(KEEPALIVE * 4)
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert sidecar.tracker.finished[-1].meter.end_state == "completed"
+
+
+@pytest.fixture
+async def slow_rate_limited_upstream() -> AsyncIterator[str]:
+    """Thinks for a while, then answers 429 (as a busy provider does after queueing)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(0.3)
+        return web.json_response({"error": {"message": "rate limited"}}, status=429)
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def test_early_headers_turn_a_later_error_status_into_an_error_event(
+    slow_rate_limited_upstream: str, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(slow_rate_limited_upstream, early_headers_after="100ms")
+    with pytest.raises(openai.APIError) as caught:
+        await openai_stream(sidecar.proxy_url)
+    assert caught.value.code == "upstream_error"
+    assert "HTTP 429" in caught.value.message
+
+
+async def test_early_headers_leave_non_streaming_requests_alone(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, early_headers_after="50ms")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            sidecar.proxy_url + "/v1/chat/completions",
+            json={"stream": False},
+            headers={"x-mock-ttft": "0.2", "x-mock-tps": "0"},
+        ) as response:
+            assert response.headers["Content-Type"].startswith("application/json")
+            assert (await response.json())["object"] == "chat.completion"

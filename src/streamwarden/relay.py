@@ -202,6 +202,17 @@ class Relay:
             return b""
         return self._end_or_fail(ErrorCode.UPSTREAM_ERROR, now)
 
+    def upstream_refused(self, now: float, code: ErrorCode, reason: str) -> bytes:
+        """The upstream never delivered a stream after the client's response began.
+
+        Only with early headers: the client already has ``200`` and
+        keep-alives when the upstream fails to connect, times out, or answers
+        with an error status or a body that is not a stream.
+        """
+        if self.done:
+            return b""
+        return self._fail(code, now, reason)
+
     def client_gone(self, now: float) -> None:
         """The client disconnected. Later upstream content counts as zombie tokens."""
         self._client_gone = True
@@ -289,12 +300,12 @@ class Relay:
             return b""
         return self._fail(code, now)
 
-    def _fail(self, code: ErrorCode, now: float) -> bytes:
+    def _fail(self, code: ErrorCode, now: float, reason: str | None = None) -> bytes:
         if self.done:
             return b""
         state, template = _ENDINGS[code]
         limits = self._limits
-        reason = template.format(
+        reason = reason or template.format(
             terminal=self._dialect.terminal_event,
             idle=limits.upstream_idle_timeout,
             duration=limits.max_stream_duration,

@@ -41,6 +41,7 @@ __all__ = [
     "Dialect",
     "Framing",
     "Observation",
+    "asks_for_stream",
     "detect",
     "media_type",
     "sniff",
@@ -143,6 +144,23 @@ def detect(
         if pattern.search(path):
             return Detection(cls(), provisional=True)
     return Detection(Generic(), provisional=True)
+
+
+_STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
+
+
+def asks_for_stream(accept: str | None, query: str, body_start: bytes) -> bool:
+    """Whether a request asks for a streamed answer.
+
+    By ``Accept: text/event-stream``, Gemini's ``alt=sse``, or the
+    ``"stream": true`` that OpenAI- and Anthropic-style APIs put in the JSON
+    body (looked for in the first bytes of the body only).
+    """
+    if accept is not None and SSE_MEDIA_TYPE in accept.lower():
+        return True
+    if "alt=sse" in query:
+        return True
+    return _STREAM_FLAG.search(body_start) is not None
 
 
 def sniff(event: Event, current: Dialect) -> Dialect:

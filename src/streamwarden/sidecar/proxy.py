@@ -20,7 +20,7 @@ import contextlib
 import logging
 import ssl
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -29,11 +29,11 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from yarl import URL
 
-from streamwarden.config import Settings
-from streamwarden.dialects import stream_framing
+from streamwarden.config import ResolvedRoute, Settings
+from streamwarden.dialects import asks_for_stream, stream_framing
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.meter import GapObserver, StreamRecord
-from streamwarden.relay import Relay
+from streamwarden.relay import ErrorCode, Relay
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 
 __all__ = ["Proxy"]
@@ -147,8 +147,26 @@ class Proxy:
         headers = self._upstream_headers(request)
         if _is_websocket(request):
             return await self._websocket(request, url, headers)
+        route = self.settings.for_path(request.path)
+        body_start = b""
+        if route.early_headers_after > 0 and request.can_read_body:
+            # Enough of the body to see '"stream": true'; it is sent on unchanged.
+            body_start = await request.content.readany()
+        opening: Awaitable[aiohttp.ClientResponse] = self._open(request, url, headers, body_start)
+        if route.early_headers_after > 0 and asks_for_stream(
+            request.headers.get("Accept"), request.query_string, body_start
+        ):
+            task = asyncio.ensure_future(opening)
+            try:
+                await asyncio.wait({task}, timeout=route.early_headers_after)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            if not task.done():
+                return await self._relay_early(request, task, started, route)
+            opening = task
         try:
-            upstream = await self._open(request, url, headers)
+            upstream = await opening
         except BodyTooLarge:
             return json_error(413, "request_too_large", f"request body over {limit} bytes")
         except TimeoutError:
@@ -156,23 +174,168 @@ class Proxy:
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream unreachable: %s", exc)
             return json_error(502, "upstream_unreachable", "the upstream could not be reached")
-        _watch_connection(upstream)
         try:
-            framing = stream_framing(
-                upstream.headers.get("Content-Type"), upstream.headers, self._extra_types
-            )
-            decoder = _decoder(upstream.headers.get("Content-Encoding"))
-            streamed = (
-                framing is not None
-                and request.method != "HEAD"
-                and upstream.status not in (204, 304)
-                and decoder is not False
-            )
-            if streamed:
-                return await self._relay(request, upstream, started, decoder or None)
-            return await self._pass_through(request, upstream)
+            decoder = self._stream_decoder(request, upstream)
+            if decoder is False:
+                return await self._pass_through(request, upstream)
+            relay = self._new_relay(request, route, started, upstream.headers)
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for name, value in stream_response_headers(
+                drop_hop_by_hop(upstream.headers.items()), drop_encoding=decoder is not None
+            ):
+                response.headers.add(name, value)
+
+            async def pump(stream: ActiveStream) -> None:
+                stream.on_close = upstream.close
+                await response.prepare(request)
+                await self._pump(
+                    request, upstream, response, stream, decoder, route.client_write_timeout
+                )
+
+            await self._run_stream(request, route, relay, upstream.status, pump)
+            return response
         finally:
             upstream.close()
+
+    def _stream_decoder(self, request: web.Request, upstream: aiohttp.ClientResponse) -> Any:
+        """``False`` if the response is passed through; else its body decoder (or ``None``)."""
+        _watch_connection(upstream)
+        framing = stream_framing(
+            upstream.headers.get("Content-Type"), upstream.headers, self._extra_types
+        )
+        if framing is None or request.method == "HEAD" or upstream.status in (204, 304):
+            return False
+        return _decoder(upstream.headers.get("Content-Encoding"))
+
+    def _new_relay(
+        self,
+        request: web.Request,
+        route: ResolvedRoute,
+        started: float,
+        response_headers: Mapping[str, str],
+    ) -> Relay:
+        return Relay(
+            route.limits,
+            started_at=started,
+            now=asyncio.get_running_loop().time(),
+            path=request.path,
+            content_type=response_headers.get("Content-Type"),
+            headers=response_headers,
+            dialect=route.dialect,
+            gap_observer=self._gap_observer,
+        )
+
+    async def _run_stream(
+        self,
+        request: web.Request,
+        route: ResolvedRoute,
+        relay: Relay,
+        status: int,
+        pump: Callable[[ActiveStream], Awaitable[None]],
+    ) -> None:
+        """Track one stream from start to record, whatever ends it."""
+        loop = asyncio.get_running_loop()
+        stream = ActiveStream(self.tracker.next_id(), relay)
+        self.tracker.open(stream)
+        try:
+            await pump(stream)
+        except asyncio.CancelledError:
+            # The client disconnected (aiohttp cancels the handler): the
+            # upstream is closed right now, by the caller's cleanup, not on
+            # its next write.
+            noticed = loop.time()
+            relay.client_gone(noticed)
+            if stream.on_close is not None:
+                stream.on_close()
+            relay.meter.cancel_propagation = loop.time() - noticed
+            raise
+        except _CLIENT_GONE:
+            relay.client_gone(loop.time())
+        finally:
+            if not relay.done:  # an unexpected error in this face
+                relay.client_gone(loop.time())
+            self.tracker.close(
+                stream,
+                StreamRecord(
+                    stream.stream_id,
+                    route.route,
+                    request.method,
+                    request.path,
+                    status,
+                    relay.dialect,
+                    relay.meter,
+                ),
+            )
+
+    async def _relay_early(
+        self,
+        request: web.Request,
+        opening: asyncio.Future[aiohttp.ClientResponse],
+        started: float,
+        route: ResolvedRoute,
+    ) -> web.StreamResponse:
+        """Commit ``200 text/event-stream`` before the upstream answers, and keep it alive.
+
+        Load balancers cut connections that stay silent through a long
+        prefill. The stream's dialect then comes from the path alone; an
+        upstream that finally answers with an error status, or with
+        something that is not an event stream, becomes an error event.
+        """
+        loop = asyncio.get_running_loop()
+        committed = [("Content-Type", "text/event-stream; charset=utf-8")]
+        relay = self._new_relay(request, route, started, dict(committed))
+        response = web.StreamResponse(status=200)
+        for name, value in stream_response_headers(committed):
+            response.headers.add(name, value)
+
+        async def pump(stream: ActiveStream) -> None:
+            stream.on_close = opening.cancel
+            await response.prepare(request)
+            while not opening.done():
+                out = b""
+                try:
+                    async with asyncio.timeout_at(relay.deadline) as timer:
+                        stream.timer = timer
+                        await asyncio.wait({opening})  # never cancels the opening itself
+                except TimeoutError:
+                    now = loop.time()
+                    out = relay.shutdown(now) if stream.draining else relay.poll(now)
+                finally:
+                    stream.timer = None
+                if out:
+                    await response.write(out)
+                if relay.done:
+                    await response.write_eof()
+                    return
+            failure = opening.exception()
+            if failure is not None:
+                if isinstance(failure, TimeoutError):
+                    code, what = ErrorCode.UPSTREAM_TIMEOUT, "the upstream did not answer in time"
+                else:
+                    code, what = ErrorCode.UPSTREAM_ERROR, "the upstream could not be reached"
+                await response.write(relay.upstream_refused(loop.time(), code, what))
+                await response.write_eof()
+                return
+            upstream = opening.result()
+            stream.on_close = upstream.close
+            try:
+                decoder = self._stream_decoder(request, upstream)
+                framing = stream_framing(upstream.headers.get("Content-Type"), upstream.headers)
+                if upstream.status >= 400 or decoder is False or framing != "sse":
+                    kind = upstream.headers.get("Content-Type", "no content type")
+                    what = f"the upstream answered HTTP {upstream.status} ({kind})"
+                    out = relay.upstream_refused(loop.time(), ErrorCode.UPSTREAM_ERROR, what)
+                    await response.write(out)
+                    await response.write_eof()
+                    return
+                await self._pump(
+                    request, upstream, response, stream, decoder, route.client_write_timeout
+                )
+            finally:
+                upstream.close()
+
+        await self._run_stream(request, route, relay, 200, pump)
+        return response
 
     def _upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
         headers: CIMultiDict[str] = CIMultiDict(drop_hop_by_hop(request.headers.items()))
@@ -186,11 +349,12 @@ class Proxy:
         return headers
 
     async def _open(
-        self, request: web.Request, url: URL, headers: CIMultiDict[str]
+        self, request: web.Request, url: URL, headers: CIMultiDict[str], body_start: bytes
     ) -> aiohttp.ClientResponse:
-        data = (
-            _body(request, self.settings.max_request_body_bytes) if request.can_read_body else None
-        )
+        limit = self.settings.max_request_body_bytes
+        # The first bytes may have been read already (to look for '"stream": true').
+        has_body = bool(body_start) or request.can_read_body
+        data = _body(request, limit, body_start) if has_body else None
         call = self.session.request(
             request.method,
             url,
@@ -452,9 +616,11 @@ async def _pump_websocket(source: Any, sink: Any) -> tuple[int, str]:
             return aiohttp.WSCloseCode.GOING_AWAY, ""
 
 
-async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
-    """The request body, streamed, failing once it exceeds ``limit`` bytes."""
-    total = 0
+async def _body(request: web.Request, limit: int, start: bytes) -> AsyncIterator[bytes]:
+    """The request body, streamed (``start`` first), failing once it exceeds ``limit`` bytes."""
+    total = len(start)
+    if start:
+        yield start
     async for chunk in request.content.iter_any():
         total += len(chunk)
         if total > limit:

@@ -28,6 +28,8 @@ class ActiveStream:
     relay: Relay
     draining: bool = False
     timer: asyncio.Timeout | None = field(default=None, repr=False)
+    #: Closes the upstream side at once (set by the face once it has one).
+    on_close: Callable[[], object] | None = field(default=None, repr=False)
 
     def wake(self) -> None:
         """Make the stream's loop run now (used to tell it the process is draining)."""
