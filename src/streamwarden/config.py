@@ -163,6 +163,8 @@ class Settings(BaseModel):
     preserve_host: bool = False
     #: Quiet time before a keep-alive comment is written to the client.
     keepalive_interval: Duration = 15.0
+    #: Make /readyz also check that the upstream accepts connections.
+    readiness_check_upstream: bool = False
     #: Time to connect to the upstream.
     upstream_connect_timeout: Duration = 10.0
     #: Time to wait for the upstream's response headers (0: no limit).

@@ -7,9 +7,12 @@ reads a clock: every method takes the time from its caller.
 Token counts. The provider's own count of generated tokens (``usage``) is
 used whenever the stream reports it. Otherwise tokens are estimated from the
 content each event carries (answer text, reasoning, tool-call arguments):
-``max(1, utf8_bytes // 4)`` per content event. Most servers send one token
-per event, which the floor of one makes exact, and multi-token chunks count
-about four bytes a token, the usual figure for English text. Tokens
+one token for an event of up to 12 UTF-8 bytes, else ``utf8_bytes // 4``.
+Most servers (OpenAI, vLLM, TGI, Ollama) send one token per event, and a
+single token is almost never longer than 12 bytes (a long word, or four
+CJK characters), so the estimate is exact for them; longer, multi-token
+chunks (Anthropic, Gemini) count about four bytes a token, the usual
+figure for English text. Tokens
 *delivered* are those written to the client; *zombie* tokens arrived from
 the upstream after the client had gone. When usage is reported and part of
 the content never reached the client, usage is split between delivered and
@@ -40,10 +43,14 @@ class EndState(StrEnum):
     SHUTDOWN = "shutdown"
 
 
+# The longest event text still counted as a single token.
+_ONE_TOKEN_BYTES = 12
+
+
 def estimate_tokens(text: str) -> int:
     """Estimated tokens in one content event's text (see the module docstring)."""
     size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
-    return max(1, size // 4)
+    return 1 if size <= _ONE_TOKEN_BYTES else size // 4
 
 
 GapObserver = Callable[[float], None]

@@ -31,7 +31,7 @@ from yarl import URL
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.dialects import asks_for_stream, stream_framing
-from streamwarden.headers import drop_hop_by_hop, stream_response_headers
+from streamwarden.headers import drop_hop_by_hop, redact, stream_response_headers
 from streamwarden.meter import GapObserver, StreamRecord
 from streamwarden.relay import ErrorCode, Relay
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
@@ -140,6 +140,10 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = asyncio.get_running_loop().time()
+        if log.isEnabledFor(logging.DEBUG):
+            headers_seen = redact(request.headers.items(), self.settings.redact_headers)
+            fields = {"method": request.method, "path": request.path, "headers": headers_seen}
+            log.debug("request", extra={"fields": fields})
         limit = self.settings.max_request_body_bytes
         if request.content_length is not None and request.content_length > limit:
             return json_error(413, "request_too_large", f"request body over {limit} bytes")
@@ -461,29 +465,12 @@ class Proxy:
         decoder: Any,
         write_timeout: float,
     ) -> None:
+        """Move the upstream body through the relay to the client until the stream ends."""
         loop = asyncio.get_running_loop()
         relay = stream.relay
-        reader = upstream.content
         transport = request.transport
         while not relay.done:
-            try:
-                async with asyncio.timeout_at(relay.deadline) as timer:
-                    stream.timer = timer
-                    chunk = await reader.readany()
-            except TimeoutError:
-                now = loop.time()
-                out = relay.shutdown(now) if stream.draining else relay.poll(now)
-            except _UPSTREAM_BROKE:
-                out = relay.upstream_failed(loop.time())
-            else:
-                if chunk:
-                    if decoder is not None:
-                        chunk = decoder.decompress(chunk)
-                    out = relay.feed(chunk, loop.time())
-                else:
-                    out = relay.upstream_eof(loop.time())
-            finally:
-                stream.timer = None
+            out = await _next_output(stream, upstream.content, decoder)
             if not out:
                 continue
             if transport is None or transport.get_write_buffer_size() == 0:
@@ -497,9 +484,8 @@ class Proxy:
                 relay.client_too_slow(loop.time())
                 transport.abort()
                 return
-        if relay.end_state is not None and relay.end_state.value != "client_too_slow":
-            with contextlib.suppress(*_CLIENT_GONE):
-                await response.write_eof()
+        with contextlib.suppress(*_CLIENT_GONE):
+            await response.write_eof()
 
     # -- websockets ------------------------------------------------------------
 
@@ -533,6 +519,31 @@ class Proxy:
             if not client.closed:
                 await client.close(code=aiohttp.WSCloseCode.GOING_AWAY)
         return client
+
+
+async def _next_output(stream: ActiveStream, body: aiohttp.StreamReader, decoder: Any) -> bytes:
+    """Wait for the upstream or the clock, whichever comes first; return what to write."""
+    loop = asyncio.get_running_loop()
+    relay = stream.relay
+    if stream.draining:
+        # Told while busy writing to the client: there was no timer to wake.
+        return relay.shutdown(loop.time())
+    try:
+        async with asyncio.timeout_at(relay.deadline) as timer:
+            stream.timer = timer
+            chunk = await body.readany()
+    except TimeoutError:
+        now = loop.time()
+        return relay.shutdown(now) if stream.draining else relay.poll(now)
+    except _UPSTREAM_BROKE:
+        return relay.upstream_failed(loop.time())
+    finally:
+        stream.timer = None
+    if not chunk:
+        return relay.upstream_eof(loop.time())
+    if decoder is not None:
+        chunk = decoder.decompress(chunk)
+    return relay.feed(chunk, loop.time())
 
 
 def _watch_connection(upstream: aiohttp.ClientResponse) -> None:

@@ -21,6 +21,7 @@ import os
 import signal
 
 from aiohttp import web
+from yarl import URL
 
 from streamwarden.config import Settings
 from streamwarden.logs import stream_logger
@@ -142,7 +143,25 @@ class Sidecar:
     async def _readyz(self, request: web.Request) -> web.Response:
         if self.draining:
             return web.json_response({"status": "draining"}, status=503)
+        if self.settings.readiness_check_upstream and not await self._upstream_reachable():
+            return web.json_response({"status": "upstream unreachable"}, status=503)
         return web.json_response({"status": "ready"})
+
+    async def _upstream_reachable(self) -> bool:
+        """Whether a connection to the upstream opens within the connect timeout."""
+        upstream = self.settings.upstream or ""
+        limit = min(self.settings.upstream_connect_timeout or 2.0, 2.0)
+        try:
+            async with asyncio.timeout(limit):
+                if upstream.startswith("unix:"):
+                    _, writer = await asyncio.open_unix_connection(upstream[len("unix:") :])
+                else:
+                    url = URL(upstream)
+                    _, writer = await asyncio.open_connection(url.host, url.port)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
 
 
 def _url_host(host: str) -> str:

@@ -1,0 +1,324 @@
+"""Operating the sidecar: drain on SIGTERM, health, metrics that agree with logs and the mock,
+and logs that never carry secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamwarden.mock import MockServer
+from streamwarden.sidecar import Sidecar
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+CHAT = "/v1/chat/completions"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def read_stream(url: str, headers: dict[str, str]) -> bytes:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, headers=headers, json={"stream": True}) as response:
+            return await response.read()
+
+
+async def get_status(url: str) -> int:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url) as response:
+            return response.status
+
+
+# -- drain -------------------------------------------------------------------------
+
+
+async def test_drain_lets_short_streams_finish_and_ends_long_ones_honestly(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, drain_timeout="600ms")
+    short = {
+        "x-mock-tps": "20",
+        "x-mock-ttft": "0",
+        "x-mock-tokens": "6",
+        "x-mock-request-id": "short",
+    }
+    long = {
+        "x-mock-tps": "20",
+        "x-mock-ttft": "0",
+        "x-mock-tokens": "200",
+        "x-mock-request-id": "long",
+    }
+    short_task = asyncio.create_task(read_stream(sidecar.proxy_url + CHAT, short))
+    long_task = asyncio.create_task(read_stream(sidecar.proxy_url + CHAT, long))
+    await asyncio.sleep(0.1)
+    assert len(sidecar.tracker.active) == 2
+    draining = asyncio.create_task(sidecar.drain())
+    await asyncio.sleep(0.05)
+    assert await get_status(sidecar.admin_url + "/readyz") == 503  # at once
+    with pytest.raises(OSError):  # the listener takes no new connections
+        await asyncio.open_connection("127.0.0.1", sidecar.proxy_port)
+    started = time.monotonic()
+    short_body, long_body = await asyncio.gather(short_task, long_task)
+    await draining
+    assert short_body.endswith(b"data: [DONE]\n\n")  # finished untouched
+    assert b'"code":"shutting_down"' in long_body.rsplit(b"\n\n", 2)[-2]
+    assert 0.4 < time.monotonic() - started < 1.5
+    records = {r.meter.end_state for r in sidecar.tracker.finished}
+    assert records == {"completed", "shutdown"}
+    long_record = await mock.stats.wait_ended("long", timeout=2)
+    assert long_record.closed_early  # its upstream was closed
+    assert long_record.tokens_generated < 200
+
+
+async def wait_port(port: int, timeout: float = 10) -> float:
+    start = time.monotonic()
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                return time.monotonic() - start
+            except OSError:
+                await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def sidecar_process(
+    mock: MockServer, tmp_path: Path
+) -> AsyncIterator[tuple[subprocess.Popen[str], int, int]]:
+    port, admin = free_port(), free_port()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"upstream: {mock.url}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\n"
+        "drain_timeout: 1s\nlog_level: debug\nredact_headers: [x-team-token]\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamwarden.cli", "run", "--config", str(config)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        await wait_port(port)
+        yield process, port, admin
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=5)
+
+
+async def test_sigterm_drains_then_exits_zero_within_the_drain_timeout(
+    sidecar_process: tuple[subprocess.Popen[str], int, int],
+) -> None:
+    process, port, admin = sidecar_process
+    long = {"x-mock-tps": "20", "x-mock-ttft": "0", "x-mock-tokens": "400"}
+    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", long))
+    await asyncio.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    await asyncio.sleep(0.1)
+    assert await get_status(f"http://127.0.0.1:{admin}/readyz") == 503
+    body = await stream
+    assert b'"code":"shutting_down"' in body
+    async with asyncio.timeout(5):
+        while process.poll() is None:
+            await asyncio.sleep(0.01)
+    assert process.returncode == 0
+    assert time.monotonic() - signalled < 1.0 + 2.0  # drain_timeout + 2 s
+
+
+async def test_a_second_signal_ends_the_process_at_once(
+    sidecar_process: tuple[subprocess.Popen[str], int, int],
+) -> None:
+    process, port, _ = sidecar_process
+    long = {"x-mock-tps": "20", "x-mock-ttft": "0", "x-mock-tokens": "400"}
+    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", long))
+    await asyncio.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    async with asyncio.timeout(3):
+        while process.poll() is None:
+            await asyncio.sleep(0.01)
+    assert time.monotonic() - signalled < 0.5  # not the 1 s drain
+    with pytest.raises(aiohttp.ClientError):
+        await stream
+
+
+async def test_startup_takes_under_a_second(mock: MockServer, tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamwarden.cli",
+            "run",
+            "--upstream",
+            mock.url,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin-listen",
+            f"127.0.0.1:{free_port()}",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert await wait_port(port) < 1.0
+    finally:
+        process.terminate()
+        process.wait(timeout=5)
+
+
+# -- health -----------------------------------------------------------------------
+
+
+async def test_readyz_checks_the_upstream_when_asked(start_sidecar: StartSidecar) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    plain = await start_sidecar(dead)
+    assert await get_status(plain.admin_url + "/readyz") == 200
+    assert await get_status(plain.admin_url + "/healthz") == 200
+    checking = await start_sidecar(dead, readiness_check_upstream=True)
+    assert await get_status(checking.admin_url + "/readyz") == 503
+    assert await get_status(checking.admin_url + "/healthz") == 200
+
+
+async def test_readyz_is_ready_when_the_upstream_answers(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, readiness_check_upstream=True)
+    assert await get_status(sidecar.admin_url + "/readyz") == 200
+
+
+# -- metrics agree with logs and with the mock --------------------------------------
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+async def test_metrics_logs_and_the_mock_agree_on_every_count(
+    mock: MockServer, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="streamwarden.stream")
+    sidecar = await start_sidecar(mock.url, upstream_idle_timeout="200ms")
+    base = {"x-mock-tps": "100", "x-mock-ttft": "0", "x-mock-tokens": "10"}
+    plans = (
+        [({}, None)] * 4
+        + [({"x-mock-fault": "truncate"}, None)] * 3
+        + [({"x-mock-fault": "stall", "x-mock-fault-after": "4"}, None)] * 2
+        + [({"x-mock-fault": "stall", "x-mock-fault-after": "3"}, "leave")] * 3
+    )
+    for i, (extra, action) in enumerate(plans):
+        headers = {**base, **extra, "x-mock-request-id": f"r{i}"}
+        async with aiohttp.ClientSession() as session:
+            request = {"stream": True, "stream_options": {"include_usage": True}}
+            async with session.post(
+                sidecar.proxy_url + CHAT, headers=headers, json=request
+            ) as response:
+                if action == "leave":
+                    received = b""
+                    while received.count(b'"content"') < 3:
+                        received += await response.content.readany()
+                    await asyncio.sleep(0.05)
+                    response.close()
+                else:
+                    await response.read()
+        await mock.stats.wait_ended(f"r{i}", timeout=3)
+    await asyncio.sleep(0.05)
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(sidecar.admin_url + "/metrics") as response:
+            metrics = scrape(await response.text())
+    lines = [
+        json.loads(r.getMessage()) if r.getMessage().startswith("{") else r.__dict__["fields"]
+        for r in caplog.records
+        if r.name == "streamwarden.stream"
+    ]
+    assert len(lines) == len(plans)
+
+    by_state = Counter(line["end_state"] for line in lines)
+    assert by_state == {
+        "completed": 4,
+        "upstream_truncated": 3,
+        "upstream_timeout": 2,
+        "client_cancelled": 3,
+    }
+    for state, count in by_state.items():
+        key = (
+            "streamwarden_streams_total",
+            (("dialect", "openai-chat"), ("end_state", state), ("route", "/")),
+        )
+        assert metrics[key] == count
+
+    mock_generated = sum(record.tokens_generated for record in mock.stats.records)
+    logged_generated = sum(line["tokens_generated"] for line in lines)
+    logged_delivered = sum(line["tokens_delivered"] for line in lines)
+    assert logged_generated == mock_generated == 4 * 10 + 3 * 5 + 2 * 4 + 3 * 3
+    assert metrics[("streamwarden_tokens_generated_total", (("dialect", "openai-chat"),))] == (
+        logged_generated
+    )
+    assert metrics[("streamwarden_tokens_delivered_total", (("dialect", "openai-chat"),))] == (
+        logged_delivered
+    )
+    synthesized = {
+        code: metrics.get(("streamwarden_synthesized_errors_total", (("code", code),)), 0)
+        for code in ("stream_truncated", "upstream_timeout")
+    }
+    assert synthesized == {"stream_truncated": 3, "upstream_timeout": 2}
+    assert metrics[("streamwarden_ttft_seconds_count", (("dialect", "openai-chat"),))] == 12
+    assert metrics[("streamwarden_cancel_propagation_seconds_count", ())] == 3
+    assert metrics[("streamwarden_active_streams", ())] == 0
+    completed = [line for line in lines if line["end_state"] == "completed"]
+    assert all(line["tokens_method"] == "usage" for line in completed)
+    cancelled = [line for line in lines if line["end_state"] == "client_cancelled"]
+    assert all(line["cancel_propagation_s"] is not None for line in cancelled)
+
+
+# -- logs ----------------------------------------------------------------------------
+
+
+async def test_secrets_never_reach_the_logs(
+    sidecar_process: tuple[subprocess.Popen[str], int, int],
+) -> None:
+    process, port, _ = sidecar_process
+    secrets = {
+        "Authorization": "Bearer sk-live-SECRET1",
+        "x-api-key": "sk-ant-SECRET2",
+        "api-key": "azure-SECRET3",
+        "Cookie": "session=SECRET4",
+        "x-team-token": "SECRET5",
+    }
+    headers = {**secrets, "x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "3"}
+    body = await read_stream(f"http://127.0.0.1:{port}{CHAT}", headers)
+    assert body.endswith(b"data: [DONE]\n\n")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=10)
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert any(line.get("msg") == "stream finished" for line in lines)
+    request_lines = [line for line in lines if line.get("msg") == "request"]
+    assert request_lines, "the debug request line logs the headers"
+    assert request_lines[0]["headers"]["Authorization"] == "[redacted]"
+    assert request_lines[0]["headers"]["x-team-token"] == "[redacted]"
+    for n in range(1, 6):
+        assert f"SECRET{n}" not in stderr
+    # Bodies are never logged either.
+    assert "naïve" not in stderr and "Streams" not in stderr
