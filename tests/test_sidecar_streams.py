@@ -491,3 +491,36 @@ async def test_early_headers_leave_non_streaming_requests_alone(
         ) as response:
             assert response.headers["Content-Type"].startswith("application/json")
             assert (await response.json())["object"] == "chat.completion"
+
+
+# -- concurrency limit ---------------------------------------------------------
+
+
+async def test_stream_limit_refuses_new_streams_with_retry_after_and_spares_the_open_ones(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, max_concurrent_streams=2)
+    slow = {"x-mock-tps": "20", "x-mock-ttft": "0", "x-mock-tokens": "10"}
+    url = sidecar.proxy_url + "/v1/chat/completions"
+
+    async def stream() -> bytes:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, headers=slow, json={"stream": True}) as response:
+                assert response.status == 200
+                return await response.read()
+
+    open_streams = [asyncio.create_task(stream()) for _ in range(2)]
+    await asyncio.sleep(0.1)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, headers=slow, json={"stream": True}) as response:
+            assert response.status == 503
+            assert response.headers["Retry-After"] == "1"
+            assert (await response.json())["error"]["code"] == "too_many_streams"
+        # Requests that do not ask for a stream still pass.
+        async with session.post(
+            url, headers={"x-mock-ttft": "0", "x-mock-tps": "0"}, json={"stream": False}
+        ) as response:
+            assert response.status == 200
+    for body in await asyncio.gather(*open_streams):
+        assert body.endswith(b"data: [DONE]\n\n")  # untouched
+    assert await stream()  # capacity is back

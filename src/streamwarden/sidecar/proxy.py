@@ -93,6 +93,8 @@ class Proxy:
             self._socket_path = None
             self._base = upstream.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        # Requests that asked for a stream and are in flight (max_concurrent_streams).
+        self._streams_admitted = 0
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -152,14 +154,46 @@ class Proxy:
         if _is_websocket(request):
             return await self._websocket(request, url, headers)
         route = self.settings.for_path(request.path)
+        stream_limit = self.settings.max_concurrent_streams
         body_start = b""
-        if route.early_headers_after > 0 and request.can_read_body:
+        if (route.early_headers_after > 0 or stream_limit) and request.can_read_body:
             # Enough of the body to see '"stream": true'; it is sent on unchanged.
             body_start = await request.content.readany()
-        opening: Awaitable[aiohttp.ClientResponse] = self._open(request, url, headers, body_start)
-        if route.early_headers_after > 0 and asks_for_stream(
+        wants_stream = asks_for_stream(
             request.headers.get("Accept"), request.query_string, body_start
-        ):
+        )
+        if not wants_stream:
+            return await self._forward(request, url, headers, body_start, route, started, False)
+        if stream_limit and self._streams_admitted >= stream_limit:
+            refused = json_error(503, "too_many_streams", f"{stream_limit} streams are open")
+            refused.headers["Retry-After"] = "1"
+            return refused
+        self._streams_admitted += 1
+        try:
+            early = route.early_headers_after > 0
+            return await self._forward(request, url, headers, body_start, route, started, early)
+        finally:
+            self._streams_admitted -= 1
+
+    async def _forward(
+        self,
+        request: web.Request,
+        url: URL,
+        headers: CIMultiDict[str],
+        body_start: bytes,
+        route: ResolvedRoute,
+        started: float,
+        early_headers: bool,
+    ) -> web.StreamResponse:
+        """Send the request upstream and relay or copy back what it answers.
+
+        With ``early_headers`` (a request that asked for a stream, on a route
+        with ``early_headers_after``), a slow upstream gets the client
+        ``200 text/event-stream`` and keep-alives while it thinks.
+        """
+        limit = self.settings.max_request_body_bytes
+        opening: Awaitable[aiohttp.ClientResponse] = self._open(request, url, headers, body_start)
+        if early_headers:
             task = asyncio.ensure_future(opening)
             try:
                 await asyncio.wait({task}, timeout=route.early_headers_after)
