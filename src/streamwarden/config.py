@@ -179,6 +179,14 @@ class Settings(BaseModel):
     max_event_bytes: Size = 8 * 1024 * 1024
     #: Largest request body forwarded upstream.
     max_request_body_bytes: Size = 64 * 1024 * 1024
+    #: Longest request line (method, target, version) before a 414.
+    max_request_line_bytes: Size = 8190
+    #: Longest request header line before a 431.
+    max_header_bytes: Size = 8190
+    #: Most request headers before a 431.
+    max_headers: int = Field(default=100, ge=1)
+    #: Time for a client to send its whole request head before a 408 (0: none).
+    request_header_timeout: Duration = 10.0
     #: Streams open at once before new ones get 503 (0: unlimited).
     max_concurrent_streams: int = Field(default=0, ge=0)
     #: Grace period for streams in flight on SIGTERM.

@@ -26,6 +26,7 @@ from yarl import URL
 from streamwarden.config import Settings
 from streamwarden.logs import stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
+from streamwarden.sidecar.http import GuardedAppRunner
 from streamwarden.sidecar.proxy import Proxy
 from streamwarden.sidecar.streams import StreamTracker
 
@@ -91,11 +92,16 @@ class Sidecar:
             middlewares=[self.proxy.guard],
         )
         app.router.add_route("*", "/{tail:.*}", self.proxy.handle)
-        self._proxy_runner = web.AppRunner(
+        settings = self.settings
+        self._proxy_runner = GuardedAppRunner(
             app,
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=_FINAL_WRITE_GRACE,
+            max_line_size=settings.max_request_line_bytes,
+            max_field_size=settings.max_header_bytes,
+            max_headers=settings.max_headers,
+            header_deadline=settings.request_header_timeout,
         )
         await self._proxy_runner.setup()
         host, port = _split(self.settings.listen)

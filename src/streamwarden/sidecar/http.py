@@ -1,0 +1,139 @@
+"""The proxy listener's HTTP connection handling: precise refusals and a header deadline.
+
+aiohttp answers every malformed request with a 400 and logs the offending
+bytes (which can hold a bearer token) with a traceback. A proxy owes its
+clients and operators better:
+
+- a request line over ``max_request_line_bytes`` gets 414, a header line
+  over ``max_header_bytes`` or more than ``max_headers`` headers get 431,
+  and the log line names only the client and the reason;
+- a client that trickles its request headers (slowloris) is cut with a 408
+  after ``request_header_timeout``, so it cannot hold a connection and its
+  memory forever. Bodies are not affected: a slow upload is the upstream's
+  to judge, and it streams through.
+
+aiohttp offers no hook for either, so this module subclasses its
+per-connection ``RequestHandler`` and makes the runner's ``Server`` build
+those. It relies on two attributes of ``RequestHandler`` (the count of
+parsed requests and the request being handled), both present since aiohttp
+3.8; the tests in ``tests/test_hostile_input.py`` fail loudly if they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.web_protocol import RequestHandler
+
+__all__ = ["GuardedAppRunner"]
+
+log = logging.getLogger("streamwarden.proxy")
+
+
+class _GuardedRequestHandler(RequestHandler):
+    __slots__ = ("_header_deadline", "_header_timer", "_requests_at_arm")
+
+    def __init__(self, *args: Any, header_deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_deadline = header_deadline
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._requests_at_arm = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count != before:
+            self._disarm()  # a whole header block arrived
+        elif self._current_request is None and self._header_timer is None:
+            self._arm()  # the start of a new request on a kept-alive connection
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._header_deadline > 0:
+            self._requests_at_arm = self._request_count
+            self._header_timer = asyncio.get_running_loop().call_later(
+                self._header_deadline, self._headers_too_slow
+            )
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self._request_count != self._requests_at_arm or self._current_request is not None:
+            return
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        log.warning("request headers not complete after %gs: closing", self._header_deadline)
+        transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        transport.close()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, BadHttpMessage):
+            return super().handle_error(request, status, exc, message)
+        # The pure-Python parser keeps the lines it has read: past the first,
+        # it was reading headers.
+        in_headers = bool(getattr(self._parser, "_lines", None))
+        status, reason = _refusal(exc, in_headers)
+        # One line, no request bytes: they may carry credentials.
+        log.warning("refused a malformed request from %s: %s", request.remote, reason)
+        response = web.Response(status=status, text=f"{status} {reason}\n")
+        response.force_close()
+        return response
+
+
+_HEADER_PARSING = ("cb_on_header_field", "cb_on_header_value")
+
+
+def _refusal(exc: BadHttpMessage, in_headers: bool) -> tuple[int, str]:
+    """The status and reason for a request the parser rejected."""
+    if isinstance(exc, LineTooLong):
+        # Which part of the request was too long is only told by where the
+        # parser stopped: in a header callback (C parser) or past the first
+        # line (pure-Python parser), else on the request line.
+        frames = [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
+        if in_headers or any(name.endswith(_HEADER_PARSING) for name in frames):
+            return 431, "request header too long"
+        return 414, "request line too long"
+    if "Too many headers" in str(exc):
+        return 431, "too many request headers"
+    return 400, "malformed request"
+
+
+class _GuardedServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        kwargs = dict(self._kwargs)
+        deadline = float(kwargs.pop("header_deadline", 0.0))
+        return _GuardedRequestHandler(self, loop=self._loop, header_deadline=deadline, **kwargs)
+
+
+class GuardedAppRunner(web.AppRunner):
+    """An ``AppRunner`` whose connections refuse precisely and time out slow headers."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _GuardedServer
+        return server
