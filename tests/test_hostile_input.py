@@ -68,7 +68,8 @@ async def status(data):
     w.close()
     return line.split()[1].decode()
 async def main():
-    print(await status({LONG_LINE!r}), await status({LONG_HEADER!r}), await status({MANY_HEADERS!r}))
+    codes = [await status(d) for d in ({LONG_LINE!r}, {LONG_HEADER!r}, {MANY_HEADERS!r})]
+    print(*codes)
 asyncio.run(main())
 """,
         ],
