@@ -195,3 +195,16 @@ def test_run_without_upstream_exits_2() -> None:
     result = run_cli("run", "--listen", "127.0.0.1:0", env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 2
     assert "upstream: required" in result.stderr
+
+
+def test_kubernetes_service_link_variables_are_not_settings() -> None:
+    environ = {
+        "STREAMWARDEN_PORT": "tcp://10.0.0.1:8080",
+        "STREAMWARDEN_PORT_8080_TCP": "tcp://10.0.0.1:8080",
+        "STREAMWARDEN_PORT_8080_TCP_ADDR": "10.0.0.1",
+        "STREAMWARDEN_SERVICE_HOST": "10.0.0.1",
+        "STREAMWARDEN_SERVICE_PORT_HTTP": "8080",
+        "STREAMWARDEN_METRICS_SERVICE_PORT": "9090",
+        "STREAMWARDEN_KEEPALIVE_INTERVAL": "5s",
+    }
+    assert load_settings(environ=environ).keepalive_interval == 5.0

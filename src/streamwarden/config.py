@@ -301,6 +301,15 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return loaded
 
 
+# Kubernetes injects "service link" variables for every Service in the
+# namespace: a Service named streamwarden gives STREAMWARDEN_PORT,
+# STREAMWARDEN_SERVICE_HOST, STREAMWARDEN_PORT_8080_TCP_ADDR, ... They are not
+# settings, and failing on them would crash-loop the pod.
+_SERVICE_LINK = re.compile(
+    r"(_SERVICE_HOST|_SERVICE_PORT(_\w+)?|_PORT|_PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$"
+)
+
+
 def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """The ``STREAMWARDEN_<KEY>`` variables as config keys (values still raw strings)."""
     found: dict[str, Any] = {}
@@ -308,6 +317,8 @@ def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue
         key = name[len(ENV_PREFIX) :].lower()
+        if key not in _KEYS and _SERVICE_LINK.search(name):
+            continue
         if key not in _KEYS:
             guess = difflib.get_close_matches(key, _KEYS, n=1)
             hint = f' (did you mean "{ENV_PREFIX}{guess[0].upper()}"?)' if guess else ""
