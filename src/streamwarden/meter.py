@@ -5,17 +5,21 @@ publish the finished record (metrics, the stream's log line). Nothing here
 reads a clock: every method takes the time from its caller.
 
 Token counts. The provider's own count of generated tokens (``usage``) is
-used whenever the stream reports it. Otherwise tokens are estimated from the
+used when the stream reached its terminal event, where that count is final.
+A count seen before (Anthropic's ``message_start``, Gemini's running total,
+vLLM's per-chunk usage) is only a lower bound, so a stream cut short counts
+the larger of it and the estimate. Otherwise tokens are estimated from the
 content each event carries (answer text, reasoning, tool-call arguments):
 one token for an event of up to 12 UTF-8 bytes, else ``utf8_bytes // 4``.
 Most servers (OpenAI, vLLM, TGI, Ollama) send one token per event, and a
 single token is almost never longer than 12 bytes (a long word, or four
 CJK characters), so the estimate is exact for them; longer, multi-token
 chunks (Anthropic, Gemini) count about four bytes a token, the usual
-figure for English text. Tokens
-*delivered* are those written to the client; *zombie* tokens arrived from
-the upstream after the client had gone. When usage is reported and part of
-the content never reached the client, usage is split between delivered and
+figure for English text.
+
+Tokens *delivered* are those written to the client; *zombie* tokens arrived
+from the upstream after the client had gone. When part of the content never
+reached the client, the generated count is split between delivered and
 zombie in proportion to the estimate. A completed stream with usage
 therefore has delivered == generated.
 """
@@ -81,6 +85,7 @@ class StreamMeter:
         "keepalives",
         "started_at",
         "upstream_reported_error",
+        "usage_final",
         "usage_tokens",
     )
 
@@ -103,6 +108,8 @@ class StreamMeter:
         self.gap_max = 0.0
         #: The provider's latest count of generated tokens, if it sent one.
         self.usage_tokens: int | None = None
+        #: The stream reached its terminal event: ``usage_tokens`` is final.
+        self.usage_final = False
         self._estimate_in = 0
         self._estimate_zombie = 0
         self.end_state: EndState | None = None
@@ -157,22 +164,28 @@ class StreamMeter:
         return self.ended_at - self.started_at
 
     @property
+    def _final_usage(self) -> int | None:
+        return self.usage_tokens if self.usage_final else None
+
+    @property
     def tokens_method(self) -> str:
-        """``"usage"`` when the provider reported its count, else ``"estimate"``."""
-        return "estimate" if self.usage_tokens is None else "usage"
+        """``"usage"`` when the provider's final count is known, else ``"estimate"``."""
+        return "estimate" if self._final_usage is None else "usage"
 
     @property
     def tokens_generated(self) -> int:
-        if self.usage_tokens is not None:
-            return self.usage_tokens
-        return self._estimate_in
+        usage = self._final_usage
+        if usage is not None:
+            return usage
+        return max(self.usage_tokens or 0, self._estimate_in)
 
     @property
     def tokens_zombie(self) -> int:
-        if self.usage_tokens is None or not self._estimate_zombie:
-            return self._estimate_zombie
-        share = self._estimate_zombie / self._estimate_in
-        return round(self.usage_tokens * share)
+        if not self._estimate_zombie:
+            return 0
+        # The generated count split in proportion to the estimate; exactly
+        # the zombie estimate when no usage was reported.
+        return round(self.tokens_generated * self._estimate_zombie / self._estimate_in)
 
     @property
     def tokens_delivered(self) -> int:

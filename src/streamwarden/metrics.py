@@ -11,6 +11,7 @@ configured route prefix. Never a raw path, a model name or a user.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -29,6 +30,13 @@ DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600
 CANCEL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
 
 
+def _task_count() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # no running loop (a scrape from another thread)
+        return 0.0
+
+
 class StreamMetrics:
     """The streamwarden_* metrics of one face."""
 
@@ -44,6 +52,12 @@ class StreamMetrics:
         self.active = Gauge("streamwarden_active_streams", "Streams in flight.", registry=r)
         if active is not None:
             self.active.set_function(lambda: float(active()))
+        # A leak shows first as tasks that never end; scraped from inside the
+        # event loop, so all_tasks() sees the serving loop.
+        self.tasks = Gauge(
+            "streamwarden_asyncio_tasks", "Tasks alive in the serving event loop.", registry=r
+        )
+        self.tasks.set_function(_task_count)
         self.ttft = Histogram(
             "streamwarden_ttft_seconds",
             "Request to first content event written to the client.",

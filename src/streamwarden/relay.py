@@ -281,6 +281,7 @@ class Relay:
                 meter.usage_tokens = seen.output_tokens
             if seen.terminal:
                 self._terminal_seen = True
+                meter.usage_final = True
             if seen.error:
                 meter.upstream_reported_error = True
         meter.events_in += events
