@@ -133,6 +133,10 @@ def test_routes_from_environment_as_yaml() -> None:
             'routes./v1.keepalive_interval: "soon" is not a duration',
         ),
         ({"log_format": "xml"}, 'log_format: "xml" is not one of'),
+        (
+            {"upstream_ca_bundle": "/nonexistent/ca.pem"},
+            'upstream_ca_bundle: "/nonexistent/ca.pem" is not a readable file',
+        ),
     ],
 )
 def test_bad_values_get_one_clear_line(overrides: dict[str, object], message: str) -> None:
@@ -208,3 +212,23 @@ def test_kubernetes_service_link_variables_are_not_settings() -> None:
         "STREAMWARDEN_KEEPALIVE_INTERVAL": "5s",
     }
     assert load_settings(environ=environ).keepalive_interval == 5.0
+
+
+def test_busy_port_is_one_line_and_exit_2() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli(
+            "run",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            f"127.0.0.1:{port}",
+        )
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

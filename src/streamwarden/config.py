@@ -111,6 +111,15 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 HostPort = Annotated[str, BeforeValidator(_host_port)]
 Upstream = Annotated[str, BeforeValidator(_upstream)]
+
+
+def _readable_file(value: object) -> str:
+    if isinstance(value, str) and os.access(value, os.R_OK) and os.path.isfile(value):
+        return value
+    raise ValueError("readable_file")
+
+
+ReadableFile = Annotated[str, BeforeValidator(_readable_file)]
 DialectName = Literal[
     "auto",
     "openai-chat",
@@ -129,6 +138,7 @@ _EXPECTED = {
     "size": "is not a size (e.g. 64KiB, 8MiB, 1GiB)",
     "host_port": "is not HOST:PORT (e.g. 0.0.0.0:8080)",
     "upstream": "is not an upstream URL (http://host:port, https://host:port or unix:/path.sock)",
+    "readable_file": "is not a readable file",
 }
 
 
@@ -158,7 +168,7 @@ class Settings(BaseModel):
     #: The one upstream every request goes to; required for ``run``.
     upstream: Upstream | None = None
     #: A CA bundle (PEM) to verify an https upstream with, instead of the system's.
-    upstream_ca_bundle: str | None = None
+    upstream_ca_bundle: ReadableFile | None = None
     #: Send the client's Host header to the upstream instead of the upstream's own.
     preserve_host: bool = False
     #: Quiet time before a keep-alive comment is written to the client.

@@ -74,7 +74,17 @@ class Sidecar:
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the upstream pool, then the admin port, then the proxy port."""
+        """Open the upstream pool, then the admin port, then the proxy port.
+
+        If any of it fails (a port in use), what was opened is closed again.
+        """
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         await self.proxy.start()
         admin = web.Application()
         admin.router.add_get("/metrics", self._metrics)
