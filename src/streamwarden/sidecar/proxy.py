@@ -57,6 +57,10 @@ _CLIENT_GONE = (ConnectionResetError, BrokenPipeError, aiohttp.ClientConnectionR
 # chunk followed by a close arrives as RuntimeError("Connection closed.")
 # from the stream reader rather than as a payload error.
 _UPSTREAM_BROKE = (aiohttp.ClientError, OSError, RuntimeError)
+# Writes that keep the client transport's buffer under this many bytes
+# cannot wait for the client (asyncio's default high-water mark is 64 KiB),
+# so they skip the cost of a timeout.
+_FAST_WRITE = 32 * 1024
 
 
 class BodyTooLarge(Exception):
@@ -507,10 +511,11 @@ class Proxy:
             out = await _next_output(stream, upstream.content, decoder)
             if not out:
                 continue
-            if transport is None or transport.get_write_buffer_size() == 0:
+            if transport is None or transport.get_write_buffer_size() + len(out) <= _FAST_WRITE:
+                # Stays under the transport's high-water mark: cannot block.
                 await response.write(out)
                 continue
-            # The client has not taken the last write yet: bound the wait.
+            # The client has not taken the last writes yet: bound the wait.
             try:
                 async with asyncio.timeout(write_timeout or None):
                     await response.write(out)

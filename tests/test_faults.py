@@ -1,0 +1,260 @@
+"""Faults at every point, through the sidecar: the client always sees a whole stream or an
+error it can detect, the upstream is closed, and nothing is left behind.
+
+(The common mock faults per dialect are in ``test_sidecar_streams.py``; these are
+the ones that need a hand-made upstream or client.)"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from streamwarden.mock import MockServer
+from streamwarden.sidecar import Sidecar
+from streamwarden.sse import SSEDecoder
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+CHAT = "/v1/chat/completions"
+FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "8"}
+
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def raw_upstream(handler: RawHandler) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def post(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, headers=headers or {}, json={"stream": True}) as response:
+            return response.status, await response.read()
+
+
+async def test_upstream_resetting_before_headers_is_a_502(start_sidecar: StartSidecar) -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        writer.transport.abort()
+
+    server, url = await raw_upstream(reset)
+    try:
+        sidecar = await start_sidecar(url)
+        status, body = await post(sidecar.proxy_url + CHAT)
+        assert status == 502
+        assert b"upstream_unreachable" in body
+    finally:
+        server.close()
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+STALL_MID_EVENT = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + chunk(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
+    + chunk(b'data: {"choices":[')
+)
+
+
+async def test_upstream_stalling_mid_event_times_out_and_drops_the_partial_event(
+    start_sidecar: StartSidecar,
+) -> None:
+    closed = asyncio.Event()
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(STALL_MID_EVENT)
+        await reader.read()  # returns when the proxy closes its side
+        closed.set()
+
+    server, url = await raw_upstream(stall)
+    try:
+        sidecar = await start_sidecar(url, upstream_idle_timeout="300ms")
+        status, body = await post(sidecar.proxy_url + CHAT)
+        assert status == 200
+        events = SSEDecoder().feed(body)
+        assert '"content":"a"' in events[0].data
+        assert '"code":"upstream_timeout"' in events[-1].data
+        assert b'{"choices":[\n' not in body  # the partial event never reached the client
+        async with asyncio.timeout(1):
+            await closed.wait()  # and the upstream was closed
+    finally:
+        server.close()
+
+
+async def test_headers_then_nothing_times_out_with_an_error_event(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, upstream_idle_timeout="300ms")
+    headers = {**FAST, "x-mock-fault": "stall", "x-mock-fault-after": "0", "x-mock-request-id": "h"}
+    status, body = await post(sidecar.proxy_url + CHAT, headers)
+    assert status == 200
+    assert b'"code":"upstream_timeout"' in body
+    assert (await mock.stats.wait_ended("h")).closed_early
+
+
+async def test_ten_mebibytes_without_a_newline_hit_the_default_event_limit(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)  # max_event_bytes: 8MiB
+    headers = {**FAST, "x-mock-fault": "giant-event", "x-mock-size": str(10 << 20)}
+    status, body = await post(sidecar.proxy_url + CHAT, headers)
+    assert status == 200
+    assert len(body) < 1 << 20  # the giant event was never forwarded
+    assert b'"code":"event_too_large"' in body
+    assert sidecar.tracker.finished[-1].meter.end_state == "limit_exceeded"
+
+
+async def test_invalid_utf8_passes_through_byte_for_byte(start_sidecar: StartSidecar) -> None:
+    payload = b'data: {"choices":[{"delta":{"content":"\xff\xfe bad \xc3"}}]}\n\ndata: [DONE]\n\n'
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(payload)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        sidecar = await start_sidecar(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        _, body = await post(sidecar.proxy_url + CHAT)
+        assert body == payload
+        assert sidecar.tracker.finished[-1].meter.end_state == "completed"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("with_body", [True, False])
+@pytest.mark.parametrize("status", [429, 500, 503])
+async def test_error_statuses_pass_through_with_and_without_body(
+    mock: MockServer, start_sidecar: StartSidecar, status: int, with_body: bool
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    headers = {
+        "x-mock-fault": "error-status",
+        "x-mock-status": str(status),
+        "x-mock-request-id": "same",  # the mock names it in the body
+    }
+    if not with_body:
+        headers["x-mock-body"] = "0"
+    direct = await post(mock.url + CHAT, headers)
+    proxied = await post(sidecar.proxy_url + CHAT, headers)
+    assert proxied == direct
+    assert proxied[0] == status
+
+
+async def test_a_client_reading_at_a_trickle_is_cut_and_the_upstream_closed(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, client_write_timeout="500ms", keepalive_interval=0)
+    headers = {
+        "x-mock-tps": "0",
+        "x-mock-ttft": "0",
+        "x-mock-tokens": "100000",
+        "x-mock-request-id": "trickle",
+    }
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", sidecar.proxy_port))
+    request = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 16\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + '\r\n{"stream": true}'
+    )
+    await loop.sock_sendall(sock, request.encode())
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(10):
+            while not sidecar.tracker.finished:
+                await loop.sock_recv(sock, 1)  # one byte at a time, slowly
+                await asyncio.sleep(0.05)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        sock.close()
+    record = sidecar.tracker.finished[-1]
+    assert record.meter.end_state == "client_too_slow"
+    assert record.meter.error_code is None  # it is not reading: no error event
+    assert time.monotonic() - started < 5
+    upstream = await mock.stats.wait_ended("trickle")
+    assert upstream.closed_early and upstream.tokens_generated < 100000
+
+
+async def test_client_leaving_before_headers_closes_the_upstream(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    headers = {"x-mock-fault": "slow-headers", "x-mock-delay": "10", "x-mock-request-id": "pre"}
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            await post(sidecar.proxy_url + CHAT, headers)
+    record = await mock.stats.wait_ended("pre", timeout=2)
+    assert record.closed_early
+
+
+@pytest.fixture
+async def counting_sidecar(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> AsyncIterator[tuple[Sidecar, int, int]]:
+    sidecar = await start_sidecar(mock.url)
+    await post(sidecar.proxy_url + CHAT, FAST)  # warm up pools and lazy objects
+    await asyncio.sleep(0.1)
+    gc.collect()
+    yield sidecar, len(asyncio.all_tasks()), len(os.listdir("/proc/self/fd"))
+
+
+async def test_client_leaving_at_every_point_of_a_stream(
+    mock: MockServer, counting_sidecar: tuple[Sidecar, int, int]
+) -> None:
+    sidecar, tasks_before, fds_before = counting_sidecar
+    headers = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "6"}
+    whole = (await post(sidecar.proxy_url + CHAT, headers))[1]
+    request = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 16\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + '\r\n{"stream": true}'
+    ).encode()
+    for cut in range(0, len(whole), max(1, len(whole) // 40)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.proxy_port)
+        writer.write(request)
+        received = b""
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        while len(received) < cut:
+            data = await reader.read(cut - len(received))
+            if not data:
+                break
+            received += data
+        writer.transport.abort()
+    async with asyncio.timeout(5):
+        while sidecar.tracker.active or any(not r.ended for r in mock.stats.records):
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    gc.collect()
+    states = {str(r.meter.end_state) for r in sidecar.tracker.finished}
+    assert states <= {"completed", "client_cancelled"}
+    idle = sum(len(c) for c in sidecar.proxy.session.connector._conns.values())  # type: ignore[union-attr]
+    assert len(asyncio.all_tasks()) <= tasks_before + idle + 2
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2 * idle + 4
