@@ -1,0 +1,44 @@
+"""The middleware face: what the sidecar does, inside a FastAPI or Starlette app.
+
+::
+
+    from streamwarden.middleware import StreamWardenMiddleware
+
+    app.add_middleware(StreamWardenMiddleware)
+
+A pure ASGI middleware (never ``BaseHTTPMiddleware``, which hides client
+disconnects and buffers) over the same core, config model and metrics as
+the sidecar, importing neither aiohttp nor Starlette. Responses that are
+streams (``text/event-stream``, NDJSON, the Vercel AI stream headers, or a
+configured ``stream_media_types`` entry) get the five jobs; every other
+response is passed on untouched after one look at its headers.
+
+Where it diverges from the sidecar, and why:
+
+- The app is the upstream. Closing the upstream means cancelling the app's
+  task, so the app's generator runs its ``finally`` (and closes its own
+  provider stream) the moment the client leaves, even while it awaits a
+  silent provider and even if it never calls ``receive()``.
+- An exception the app raises after its stream started is the upstream
+  breaking: the dialect's ``upstream_error`` event and a clean end of
+  body, the exception logged with its traceback rather than re-raised
+  (re-raising would make the server cut the connection, which the client
+  cannot tell from a network fault). Before the stream started,
+  exceptions propagate as usual.
+- A client that stops reading is noticed by the keep-alive timer rather
+  than by the write itself (a timeout around every event would tax every
+  event), so within ``keepalive_interval + client_write_timeout``.
+- A compressed stream (``Content-Encoding`` other than identity) is passed
+  on as is: it cannot be framed. Never compress an event stream.
+- Drain on shutdown is the server's: a request the server cancels gets the
+  ``shutting_down`` error event if its client can still hear it.
+"""
+
+from streamwarden.middleware.face import (
+    SCOPE_KEY,
+    MetricsEndpoint,
+    StreamWardenMiddleware,
+    mount_metrics,
+)
+
+__all__ = ["SCOPE_KEY", "MetricsEndpoint", "StreamWardenMiddleware", "mount_metrics"]

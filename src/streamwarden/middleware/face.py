@@ -1,0 +1,129 @@
+"""The middleware face: :class:`StreamWardenMiddleware` and its metrics endpoint.
+
+``__init__`` only loads the settings (keyword options over
+``STREAMWARDEN_*`` over the defaults, the same model as the sidecar's) and
+builds the instance's metrics and stream log; each HTTP request gets a
+fresh :class:`~streamwarden.middleware.responder.StreamResponder`. Other
+scopes (lifespan, websocket) pass straight through.
+
+Metrics. Each instance owns one :class:`~streamwarden.metrics.StreamMetrics`
+(its own registry, as each sidecar does). The app can expose it with one
+call, ``mount_metrics(app)``, or the middleware serves it itself at
+``metrics_path`` when that is set. Starlette builds its middleware stack
+lazily, so the app cannot hold the instance when it declares its routes:
+the middleware puts itself in every HTTP scope under ``"streamwarden"``,
+and the endpoint renders the metrics of whichever instance it finds there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from streamwarden.config import load_settings
+from streamwarden.logs import stream_logger
+from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
+from streamwarden.middleware._asgi import ASGIApp, Receive, Scope, Send
+from streamwarden.middleware.responder import FaceContext, StreamResponder, Streams
+
+__all__ = ["SCOPE_KEY", "MetricsEndpoint", "StreamWardenMiddleware", "mount_metrics"]
+
+#: The scope key under which the middleware makes itself known to the app.
+SCOPE_KEY = "streamwarden"
+
+
+class StreamWardenMiddleware:
+    """Keeps an ASGI app's streamed responses alive and honest, as the sidecar does.
+
+    ``app.add_middleware(StreamWardenMiddleware)`` needs no options; any
+    config key can be given as one (``keepalive_interval=1.0`` or ``"1s"``).
+    A bad option raises :class:`~streamwarden.config.ConfigError` here.
+    """
+
+    # ``app`` is positional-only: with a ``**options`` signature, type checkers
+    # match Starlette's add_middleware factory protocol only that way.
+    def __init__(self, app: ASGIApp, /, **options: Any) -> None:
+        self.app = app
+        self.settings = load_settings(overrides=options)
+        #: Streams in flight and the recently finished ones.
+        self.streams = Streams()
+        self.metrics = StreamMetrics(active=lambda: self.streams.active)
+        self.streams.listeners.append(self.metrics.stream_finished)
+        self.streams.listeners.append(stream_logger())
+        self._context = FaceContext(
+            settings=self.settings,
+            streams=self.streams,
+            gap_observer=self.metrics.observe_gap,
+            extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
+        )
+        self._metrics_path = self.settings.metrics_path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope[SCOPE_KEY] = self
+        if self._metrics_path is not None and scope.get("path") == self._metrics_path:
+            await _serve_metrics(self.metrics, scope, send)
+            return
+        await StreamResponder(self._context, scope, receive, send).run(self.app)
+
+
+class MetricsEndpoint:
+    """An ASGI endpoint serving the metrics of the StreamWardenMiddleware in front of it."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        middleware = scope.get(SCOPE_KEY)
+        if not isinstance(middleware, StreamWardenMiddleware):
+            body = b"streamwarden: no StreamWardenMiddleware in front of this endpoint\n"
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await _serve_metrics(middleware.metrics, scope, send)
+
+
+class _Routable(Protocol):
+    def add_route(
+        self,
+        path: str,
+        route: Any,
+        methods: list[str] | None = ...,
+        name: str | None = ...,
+        include_in_schema: bool = ...,
+    ) -> None: ...
+
+
+def mount_metrics(app: _Routable, path: str = "/metrics") -> None:
+    """Serve the middleware's Prometheus metrics at ``path`` of a Starlette or FastAPI app."""
+    app.add_route(path, MetricsEndpoint(), methods=["GET"], include_in_schema=False)
+
+
+async def _serve_metrics(metrics: StreamMetrics, scope: Scope, send: Send) -> None:
+    method = scope.get("method", "GET")
+    if method not in ("GET", "HEAD"):
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 405,
+                "headers": [(b"allow", b"GET, HEAD"), (b"content-length", b"0")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+        return
+    body = metrics.render()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", CONTENT_TYPE_LATEST.encode("latin-1")),
+                (b"content-length", str(len(body)).encode("latin-1")),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})

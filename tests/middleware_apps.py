@@ -1,0 +1,354 @@
+"""Apps for the middleware tests, and the real servers that run them.
+
+Importable by a server subprocess (``granian middleware_apps:app`` with
+``tests/`` on ``PYTHONPATH``), so everything a test observes crosses a real
+socket. ``app`` routes on its first path segment:
+
+- ``/plain/...``: the apps as they are, no streamwarden;
+- ``/guarded/...``: the same apps behind ``StreamWardenMiddleware``
+  (Starlette apps through ``app.add_middleware``, the raw app wrapped);
+- ``/plain-2.4/...``, ``/guarded-2.4/...``: the same, with the server
+  made to announce ASGI spec 2.4 and to raise ``OSError`` from ``send()``
+  once the connection is closed, as 2.4 allows. Starlette's
+  ``StreamingResponse`` stops listening for disconnects at 2.4;
+- ``/guarded-sendonly/...``: spec 2.4, and the disconnect is *only* told
+  by ``send()`` raising: ``receive()`` never returns ``http.disconnect``.
+
+Then ``raw``, ``starlette`` or ``sse-starlette``, then the behaviour:
+``silent`` (one event, then a provider that stays silent for 30 s),
+``quiet?s=`` (one event, quiet for ``s`` seconds, one more, end), ``split?pause=``
+(one event written in two ``send`` calls, ``pause`` seconds apart).
+
+Each app's generator (or raw loop) writes ``time.monotonic()`` to
+``$SWTEST_FINALLY_DIR/<id>`` in its ``finally``; CLOCK_MONOTONIC is shared
+by all processes, so a test compares it with its own clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+from streamwarden.middleware import StreamWardenMiddleware, mount_metrics
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: The keep-alive interval of the guarded apps.
+KEEPALIVE = 0.2
+#: How long the "silent" provider stays silent.
+SILENCE = 30.0
+FINALLY_DIR_ENV = "SWTEST_FINALLY_DIR"
+SSE = [(b"content-type", b"text/event-stream")]
+
+
+def mark_finally(request_id: str | None) -> None:
+    """Record that a generator's ``finally`` ran, and when."""
+    directory = os.environ.get(FINALLY_DIR_ENV)
+    if directory and request_id:
+        Path(directory, request_id).write_text(repr(time.monotonic()))
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    raw = scope.get("query_string", b"").decode("latin-1")
+    return {k: v[-1] for k, v in parse_qs(raw).items()}
+
+
+# -- a raw ASGI app: never calls receive() ---------------------------------------
+
+
+async def raw_app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    query = _query(scope)
+    action = scope["path"].strip("/")
+
+    async def body(data: bytes, more: bool = True) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": more})
+
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        await body(b"data: first\n\n")
+        if action == "silent":
+            await asyncio.sleep(SILENCE)  # awaiting a provider that has gone quiet
+        elif action == "quiet":
+            await asyncio.sleep(float(query.get("s", "1")))
+        elif action == "split":
+            await body(b'data: {"half":')
+            await asyncio.sleep(float(query.get("pause", "1")))
+            await body(b' "two"}\n\n')
+        await body(b"data: last\n\n", more=False)
+    finally:
+        mark_finally(query.get("id"))
+
+
+# -- Starlette's StreamingResponse ----------------------------------------------------
+
+
+async def _starlette_stream(request: Request) -> StreamingResponse:
+    action = request.path_params["action"]
+    query = request.query_params
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: first\n\n"
+            if action == "silent":
+                await asyncio.sleep(SILENCE)
+            elif action == "quiet":
+                await asyncio.sleep(float(query.get("s", "1")))
+            elif action == "split":
+                yield b'data: {"half":'
+                await asyncio.sleep(float(query.get("pause", "1")))
+                yield b' "two"}\n\n'
+            yield b"data: last\n\n"
+        finally:
+            mark_finally(query.get("id"))
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# -- sse-starlette's EventSourceResponse -------------------------------------------
+
+
+async def _sse_starlette_stream(request: Request) -> EventSourceResponse:
+    query = request.query_params
+
+    async def events() -> AsyncIterator[dict[str, str]]:
+        try:
+            yield {"data": "first"}
+            await asyncio.sleep(SILENCE if request.path_params["action"] == "silent" else 0)
+            yield {"data": "last"}
+        finally:
+            mark_finally(query.get("id"))
+
+    # Its own pings are off so that what the client sees is streamwarden's alone.
+    return EventSourceResponse(events(), ping=0)
+
+
+async def _hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello")
+
+
+def starlette_app(guarded: bool, *, sse_starlette: bool = False) -> Starlette:
+    endpoint = _sse_starlette_stream if sse_starlette else _starlette_stream
+    app = Starlette(routes=[Route("/hello", _hello), Route("/{action}", endpoint)])
+    if guarded:
+        app.add_middleware(StreamWardenMiddleware, keepalive_interval=KEEPALIVE)
+        mount_metrics(app)
+    return app
+
+
+def build(guarded: bool) -> ASGIApp:
+    """The three apps, routed by their first path segment."""
+    apps: dict[str, Any] = {
+        "raw": StreamWardenMiddleware(raw_app, keepalive_interval=KEEPALIVE)
+        if guarded
+        else raw_app,
+        "starlette": starlette_app(guarded),
+        "sse-starlette": starlette_app(guarded, sse_starlette=True),
+    }
+    return _by_first_segment(apps)
+
+
+def _by_first_segment(apps: dict[str, Any]) -> ASGIApp:
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        head, _, rest = scope["path"].lstrip("/").partition("/")
+        inner = apps.get(head)
+        if inner is None:
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b"no such app"})
+            return
+        scope = dict(scope)
+        scope["path"] = "/" + rest
+        scope["raw_path"] = scope["path"].encode()
+        await inner(scope, receive, send)
+
+    return route
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# -- a server that speaks ASGI 2.4 -------------------------------------------------
+
+
+def spec_24(app: ASGIApp, *, disconnect_by_receive: bool = True) -> ASGIApp:
+    """Make the server look like an ASGI 2.4 one that raises from send() once closed.
+
+    A reader task learns of the disconnect from the real server; from then on
+    ``send()`` raises ``ConnectionResetError``. With ``disconnect_by_receive``
+    false the app's ``receive()`` never returns ``http.disconnect``: the
+    closed connection shows only as a failing ``send()``.
+    """
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        scope = dict(scope)
+        scope["asgi"] = {**scope.get("asgi", {}), "spec_version": "2.4"}
+        inbox: asyncio.Queue[Message] = asyncio.Queue()
+        closed = asyncio.Event()
+
+        async def read() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    closed.set()
+                    if not disconnect_by_receive:
+                        return
+                await inbox.put(message)
+                if message["type"] == "http.disconnect":
+                    return
+
+        async def app_send(message: Message) -> None:
+            if closed.is_set():
+                raise ConnectionResetError("the client closed the connection")
+            await send(message)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            await app(scope, inbox.get, app_send)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    return wrapped
+
+
+app = _by_first_segment(
+    {
+        "plain": build(False),
+        "guarded": build(True),
+        "plain-2.4": spec_24(build(False)),
+        "guarded-2.4": spec_24(build(True)),
+        "guarded-sendonly": spec_24(build(True), disconnect_by_receive=False),
+    }
+)
+
+
+# -- real servers in subprocesses ------------------------------------------------------
+
+SERVERS = ("uvicorn", "hypercorn", "granian")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_command(server: str, port: int, target: str = "middleware_apps:app") -> list[str]:
+    python = sys.executable
+    if server == "uvicorn":
+        return [
+            python, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(port),
+            "--no-access-log", "--timeout-graceful-shutdown", "1", "--log-level", "warning",
+        ]  # fmt: skip
+    if server == "hypercorn":
+        return [
+            python, "-m", "hypercorn", target, "--bind", f"127.0.0.1:{port}",
+            "--graceful-timeout", "1", "--log-level", "warning",
+        ]  # fmt: skip
+    if server == "granian":
+        return [
+            python, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1", "--no-access-log", "--log-level", "warning",
+            target,
+        ]  # fmt: skip
+    raise ValueError(server)
+
+
+class ServerProcess:
+    """One ASGI server in a subprocess of its own session, serving ``app`` on loopback."""
+
+    def __init__(self, server: str, finally_dir: Path, log_path: Path) -> None:
+        self.server = server
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.finally_dir = finally_dir
+        tests = Path(__file__).parent
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+            FINALLY_DIR_ENV: str(finally_dir),
+        }
+        env = {k: v for k, v in env.items() if not k.startswith("STREAMWARDEN_")}
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            server_command(server, self.port),
+            cwd=tests.parent,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.server} exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"GET /plain/starlette/hello HTTP/1.1\r\nHost: t\r\n\r\n")
+                    if sock.recv(64).startswith(b"HTTP/1.1 200"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.server} did not start within {timeout}s")
+
+    def stop(self) -> None:
+        """SIGTERM the server's session, then SIGKILL it if it lingers."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def running(server: str, workdir: Path) -> Iterator[ServerProcess]:
+    finally_dir = workdir / "finally"
+    finally_dir.mkdir(parents=True, exist_ok=True)
+    process = ServerProcess(server, finally_dir, workdir / f"{server}.log")
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
