@@ -237,7 +237,8 @@ class Proxy:
             await self._run_stream(request, route, relay, upstream.status, pump)
             return response
         finally:
-            upstream.close()
+            # Back to the pool if the body was read to its end, else closed.
+            upstream.release()
 
     def _stream_decoder(self, request: web.Request, upstream: aiohttp.ClientResponse) -> Any:
         """``False`` if the response is passed through; else its body decoder (or ``None``)."""
@@ -374,7 +375,7 @@ class Proxy:
                     request, upstream, response, stream, decoder, route.client_write_timeout
                 )
             finally:
-                upstream.close()
+                upstream.release()  # pooled if read to its end, else closed
 
         await self._run_stream(request, route, relay, 200, pump)
         return response
@@ -434,64 +435,6 @@ class Proxy:
                 request.transport.abort()
             return response
         await response.write_eof()
-        return response
-
-    async def _relay(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        started: float,
-        decoder: Any,
-    ) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        route = self.settings.for_path(request.path)
-        relay = Relay(
-            route.limits,
-            started_at=started,
-            now=loop.time(),
-            path=request.path,
-            content_type=upstream.headers.get("Content-Type"),
-            headers=upstream.headers,
-            dialect=route.dialect,
-            gap_observer=self._gap_observer,
-        )
-        stream = ActiveStream(self.tracker.next_id(), relay)
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for name, value in stream_response_headers(
-            drop_hop_by_hop(upstream.headers.items()), drop_encoding=decoder is not None
-        ):
-            response.headers.add(name, value)
-        self.tracker.open(stream)
-        try:
-            await response.prepare(request)
-            await self._pump(
-                request, upstream, response, stream, decoder, route.client_write_timeout
-            )
-        except asyncio.CancelledError:
-            # The client disconnected (aiohttp cancels the handler): close the
-            # upstream now, not on its next write.
-            noticed = loop.time()
-            relay.client_gone(noticed)
-            upstream.close()
-            relay.meter.cancel_propagation = loop.time() - noticed
-            raise
-        except _CLIENT_GONE:
-            relay.client_gone(loop.time())
-        finally:
-            if not relay.done:  # an unexpected error in this face
-                relay.client_gone(loop.time())
-            self.tracker.close(
-                stream,
-                StreamRecord(
-                    stream.stream_id,
-                    route.route,
-                    request.method,
-                    request.path,
-                    upstream.status,
-                    relay.dialect,
-                    relay.meter,
-                ),
-            )
         return response
 
     async def _pump(
