@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+import uvicorn
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -352,3 +353,39 @@ def running(server: str, workdir: Path) -> Iterator[ServerProcess]:
         yield process
     finally:
         process.stop()
+
+
+# -- a real server in the test's own process -------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serve_in_process(app: Any) -> AsyncIterator[str]:
+    """Run ``app`` under uvicorn, in this process and event loop, on a free loopback port.
+
+    Yields the base URL. The test and the app share one event loop, so the
+    test can inspect the app's objects (a middleware's ``streams``) directly.
+    """
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="critical",
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.005)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.wait_for(task, 10)
+        except TimeoutError:
+            task.cancel()

@@ -19,6 +19,7 @@ calls go through it:
   callback given to :meth:`Inbox.watch`, and from then on every ``receive()``
   answers ``http.disconnect`` at once (after any message kept before it),
   as uvicorn does; hypercorn would otherwise block a second caller forever.
+  Watching again while watching only changes the callback.
 
 The watcher pulls request body messages eagerly when the app has not read
 them before its stream started: it has to, to see the disconnect behind
@@ -53,6 +54,7 @@ class Inbox:
         "_watcher",
         "_watcher_waiting",
         "disconnected",
+        "on_request",
     )
 
     def __init__(self, receive: Receive) -> None:
@@ -68,6 +70,9 @@ class Inbox:
         self._on_disconnect: Callable[[], None] | None = None
         #: The server has reported ``http.disconnect``.
         self.disconnected = False
+        #: Called with each ``http.request`` message the app receives straight
+        #: from the server (the responder looks at the request body with it).
+        self.on_request: Callable[[Message], None] | None = None
 
     async def receive(self) -> Message:
         """The ``receive()`` handed to the app."""
@@ -90,6 +95,8 @@ class Inbox:
                 self._pulse()
         if message.get("type") == _DISCONNECT:
             self._disconnect()
+        elif self.on_request is not None:
+            self.on_request(message)
         return message
 
     def watch(self, on_disconnect: Callable[[], None]) -> None:
@@ -98,6 +105,8 @@ class Inbox:
         if self.disconnected:
             on_disconnect()
             return
+        if self._watcher is not None and not self._watcher.done():
+            return  # already watching: only the callback changes
         if self._changed is None:
             self._changed = asyncio.Event()
         self._watcher = asyncio.get_running_loop().create_task(self._watch())

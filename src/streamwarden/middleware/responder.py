@@ -21,6 +21,19 @@ For a stream it moves bytes and time through a core
   it means cancelling the app's task, which runs its generator's
   ``finally`` (where the app closes its provider stream) at once.
 
+Before the response. An app usually awaits its provider's response headers
+(the whole prefill, seconds for a long prompt) before it starts its own
+stream. A request that asks for a stream (by the rule the sidecar uses:
+``Accept: text/event-stream``, ``alt=sse``, or ``"stream": true`` in the
+body, which the responder looks for as the app reads it) is watched from
+the moment the app has read its whole body, or from the start if it has
+none; a client that leaves before the response starts gets the app
+cancelled, so the app's provider request is closed at once, as the sidecar
+closes its upstream request. Such a request ends without a stream record,
+as in the sidecar. Other requests are never watched before their
+response: cancelling them could cut an app's work short, and watching
+would cost each of them a task.
+
 Cancelling the app. The app runs in the server's own task: spawning a task
 per request only for the few that turn out to be streams would tax every
 request. So the middleware cancels that task, the way ``asyncio.timeout``
@@ -37,7 +50,9 @@ How a stream ends (one end state each, recorded by the relay):
   error event and a clean end of body; the exception is logged with its
   traceback and not re-raised (before the response started, exceptions
   propagate untouched);
-- the client disconnects: ``client_cancelled``, the app is cancelled;
+- the client disconnects: ``client_cancelled``, the app is cancelled
+  (before the response started: no stream, the app is cancelled, and the
+  request ends quietly);
 - a timer or limit fires: the error event, a clean end, the app cancelled;
 - the client stops reading for ``client_write_timeout``: ``client_too_slow``,
   the app is cancelled and the response is left unfinished, so the server
@@ -58,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamwarden.config import ResolvedRoute, Settings
-from streamwarden.dialects import stream_framing
+from streamwarden.dialects import asks_for_stream, stream_framing
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.meter import GapObserver, StreamRecord
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
@@ -71,6 +86,12 @@ log = logging.getLogger("streamwarden.middleware")
 
 # Statuses that never carry a body, so never a stream.
 _NO_BODY = frozenset({204, 304})
+# Bytes of one body chunk kept to find '"stream": true' split across two chunks.
+_SEAM = 64
+# Bytes an app may send after its stream ended without waiting once: beyond
+# them its send() yields, so that a pending stop can land in an app that
+# awaits nothing else.
+_ZOMBIE_BURST = 1 << 20
 
 Listener = Callable[[StreamRecord], None]
 
@@ -122,8 +143,10 @@ class StreamResponder:
     __slots__ = (
         "_app_closed",
         "_app_running",
+        "_asks_for_stream",
         "_base_cancelling",
         "_body_closed",
+        "_body_seam",
         "_cancel_requested",
         "_client_gone",
         "_context",
@@ -141,6 +164,8 @@ class StreamResponder:
         "_stream_id",
         "_task",
         "_timer",
+        "_unyielded",
+        "_watching_early",
     )
 
     def __init__(self, context: FaceContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -169,6 +194,12 @@ class StreamResponder:
         self._app_closed = False
         self._client_gone = False
         self._gone_at: float | None = None
+        #: Bytes the app sent after the stream ended since its send() last yielded.
+        self._unyielded = 0
+        # Watching for a disconnect before the response (see the module docstring).
+        self._watching_early = False
+        self._asks_for_stream = False
+        self._body_seam = b""
 
     # -- the request ---------------------------------------------------------
 
@@ -178,16 +209,21 @@ class StreamResponder:
         self._task = task
         self._base_cancelling = task.cancelling() if task is not None else 0
         self._app_running = True
+        self._look_at_request()
         error: BaseException | None = None
         try:
             await app(self._scope, self._inbox.receive, self._send)
         except BaseException as exc:
             if self._phase is not _Phase.STREAMING:
+                if await self._end_unstreamed(exc):
+                    return
                 raise  # not a stream: the server handles it as usual
             error = exc
         finally:
             self._app_running = False
         if self._phase is not _Phase.STREAMING:
+            if self._watching_early:
+                await self._end_unstreamed(None)
             return
         cancelled_from_outside = isinstance(error, asyncio.CancelledError)
         if self._cancel_requested and task is not None:
@@ -212,6 +248,61 @@ class StreamResponder:
                 await self._start_stream(message, headers)
         else:
             await self._server_send(message)
+
+    # -- before the response -------------------------------------------------
+
+    def _look_at_request(self) -> None:
+        """Watch at once a bodiless request that asks for a stream; else look at its body."""
+        accept: str | None = None
+        # Over HTTP/2 and 3 a body needs no Content-Length: assume there is one.
+        has_body = self._scope.get("http_version") not in ("1.0", "1.1")
+        for name, value in self._scope.get("headers") or ():
+            name = name.lower()
+            if name == b"accept":
+                accept = value.decode("latin-1")
+            elif name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+                has_body = True
+        query = self._scope.get("query_string", b"").decode("latin-1")
+        self._asks_for_stream = asks_for_stream(accept, query, b"")
+        if not has_body:
+            if self._asks_for_stream:
+                self._watch_early()
+            return
+        self._inbox.on_request = self._look_at_body
+
+    def _look_at_body(self, message: Message) -> None:
+        """Each request body message the app receives, until the last one."""
+        body: bytes = bytes(message.get("body", b""))
+        if body and not self._asks_for_stream:
+            self._asks_for_stream = asks_for_stream(
+                None, "", self._body_seam + body[:_SEAM]
+            ) or asks_for_stream(None, "", body)
+            self._body_seam = body[-_SEAM:]
+        if not message.get("more_body", False):
+            self._inbox.on_request = None
+            if self._asks_for_stream and self._phase is _Phase.WAITING:
+                self._watch_early()
+
+    def _watch_early(self) -> None:
+        self._watching_early = True
+        self._inbox.watch(self._client_left_before_start)
+
+    def _client_left_before_start(self) -> None:
+        """The client left while the app was still preparing its response."""
+        if self._phase is _Phase.WAITING:
+            self._stop_app()
+
+    async def _end_unstreamed(self, error: BaseException | None) -> bool:
+        """Clean up after a request that never streamed; True if ``error`` was our own cancel."""
+        if not self._watching_early:
+            return False
+        await self._inbox.stop()
+        task = self._task
+        if not self._cancel_requested or task is None:
+            return False
+        # Take back our own cancellation; anything left is someone else's.
+        ours = task.uncancel() <= self._base_cancelling
+        return ours and isinstance(error, asyncio.CancelledError)
 
     # -- the start -----------------------------------------------------------
 
@@ -252,6 +343,7 @@ class StreamResponder:
             gap_observer=context.gap_observer,
         )
         self._phase = _Phase.STREAMING
+        self._inbox.on_request = None
         self._relay = relay
         self._route = route
         self._status = int(message.get("status", 200))
@@ -282,26 +374,66 @@ class StreamResponder:
         if body.__class__ is not bytes:
             body = bytes(body)  # Starlette passes an app's memoryview chunks on as they are
         more: bool = message.get("more_body", False)
-        async with self._lock:
-            now = self._loop.time()
-            if self._body_closed:
-                # The stream already ended (error event, client gone): what the
-                # app still sends is metered (zombie tokens), never written.
-                if body:
-                    relay.feed(body, now)
-                self._app_closed = not more
+        try:
+            async with self._lock:
+                now = self._loop.time()
+                if self._body_closed:
+                    # The stream already ended (error event, client gone): what the
+                    # app still sends is metered (zombie tokens), never written.
+                    if body:
+                        relay.feed(body, now)
+                    self._app_closed = not more
+                    self._unyielded += len(body)
+                    if self._unyielded < _ZOMBIE_BURST:
+                        return
+                    self._unyielded = 0
+                    zombie_burst = True
+                else:
+                    zombie_burst = False
+                    out = relay.feed(body, now) if body else b""
+                    if not more:
+                        self._app_closed = True
+                        out += relay.upstream_eof(now)
+                    if relay.done:
+                        await self._write(out, last=True, bounded=False)
+                    elif out:
+                        await self._write(out, last=False, bounded=False)
+        except asyncio.CancelledError:
+            if self._body_closed and self._take_back_stop():
                 return
-            out = relay.feed(body, now) if body else b""
-            if not more:
-                self._app_closed = True
-                out += relay.upstream_eof(now)
-            if relay.done:
-                await self._write(out, last=True, bounded=False)
-            elif out:
-                await self._write(out, last=False, bounded=False)
+            raise
+        if zombie_burst:
+            # Outside the try: a pending stop lands here in an app that awaits
+            # nothing but send().
+            await asyncio.sleep(0)
+            return
         if relay.done and more:
             # A limit ended the stream mid-body: stop the app like a gone client's.
             self._stop_app()
+
+    def _take_back_stop(self) -> bool:
+        """Our stop reached the app in send() after its stream ended: make it land elsewhere.
+
+        Cancelled in send(), a framework that iterates the app's generator
+        (Starlette's ``StreamingResponse``) leaves the generator suspended at
+        its ``yield``, its ``finally`` (where the app closes its provider
+        stream) not run until the garbage collector finds it. That is where a
+        client too slow to read always leaves the app. So send() returns
+        instead (the body is closed, nothing is written), and the stop lands
+        where the app next waits: in its generator. True if it was taken back.
+        """
+        task = asyncio.current_task()
+        if not self._cancel_requested or task is None:
+            return False
+        if task is not self._task:
+            # A framework's child task (Starlette's task group), cancelled because
+            # we cancelled the request's task: it is cancelled again where it next waits.
+            return True
+        self._cancel_requested = False
+        if task.uncancel() > self._base_cancelling:
+            return False  # someone else's cancellation as well: it goes on
+        self._stop_app()
+        return True
 
     async def _write(self, out: bytes, *, last: bool, bounded: bool) -> bool:
         """Send relay output, under the lock. False if the client is gone or too slow.
