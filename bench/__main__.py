@@ -1,0 +1,194 @@
+"""``python -m bench run [--quick]`` and ``python -m bench profile``.
+
+``run`` starts the upstream and every path, runs the scenarios, and writes
+``<out>/<timestamp>.json``, ``<out>/latest.md`` and ``<out>/latest.png``
+(``bench/results`` for a full run, ``bench/results/quick`` for ``--quick``,
+which is what CI runs: seconds long, to keep the harness working, not to
+produce numbers).
+
+``profile`` loads one path and samples its process with py-spy (see
+:mod:`bench.profile`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+from bench.paths import ALL_PATHS, REPO
+from bench.report import SIDECARS, environment, evaluate_targets, markdown, plot
+from bench.scenarios import FULL, QUICK, Bench
+
+
+def _paths(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in ALL_PATHS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown path(s) {unknown}; known: {list(ALL_PATHS)}")
+    if "direct" not in names:
+        names.insert(0, "direct")  # the baseline every comparison needs
+    return names
+
+
+README = REPO / "bench" / "README.md"
+_START = "<!-- latest results: written by `python -m bench run`; do not edit by hand -->"
+_END = "<!-- end of latest results -->"
+
+
+def publish(tables: str) -> None:
+    """Put a full run's tables into bench/README.md, between the two markers."""
+    if not README.exists():
+        return
+    text = README.read_text()
+    if _START not in text or _END not in text:
+        return
+    head, rest = text.split(_START, 1)
+    _, tail = rest.split(_END, 1)
+    # The run's own title becomes a sub-heading under the README's section.
+    body = tables.replace("# streamwarden benchmark: ", "### ", 1).replace("\n## ", "\n#### ")
+    README.write_text(f"{head}{_START}\n\n{body}\n\n![latest](results/latest.png)\n\n{_END}{tail}")
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    out: Path = args.out or (REPO / "bench" / "results" / ("quick" if args.quick else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    command = "python -m bench run" + (" --quick" if args.quick else "")
+    if args.paths != list(ALL_PATHS):
+        command += " --paths " + ",".join(args.paths)
+    if args.nice:
+        # Children (upstream, proxies, clients) inherit the niceness.
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+        command += f" --nice {args.nice}"
+    env = environment()
+    env["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    bench = Bench(plan, args.paths)
+    print(f"bench: {plan.name} run, paths {', '.join(args.paths)}", file=sys.stderr)
+    results = bench.run()
+    doc = {
+        "schema": 1,
+        "command": command,
+        "plan": plan.name,
+        "started_at": started.isoformat(),
+        "environment": env,
+        "paths": {
+            name: {"description": r.description, **r.details} for name, r in bench.paths.items()
+        },
+        "unavailable": bench.unavailable,
+        "results": results,
+    }
+    doc["targets"] = evaluate_targets(results)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    json_path = out / f"{stamp}.json"
+    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "latest.md").write_text(markdown(doc) + "\n")
+    plotted = plot(doc, out / "latest.png") if not args.no_plot else False
+    if not args.quick and args.out is None:
+        publish(markdown(doc))
+    print(
+        f"bench: wrote {json_path}, {out / 'latest.md'}"
+        + (f", {out / 'latest.png'}" if plotted else " (no plot: matplotlib missing)"),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def experiment(args: argparse.Namespace) -> int:
+    """The base sidecar and each patched variant, interleaved windows, one load level."""
+    from bench.scenarios import compare
+
+    names = ["direct", args.base] + [f"{args.base}+{v}" for v in args.variants]
+    plan = dataclasses.replace(FULL, ttft_samples=args.ttft, cancel_samples=args.cancel)
+    bench = Bench(plan, names)
+    bench.start()
+    try:
+        if args.ttft:
+            bench.ttft()
+        if args.cancel:
+            bench.cancel()
+        per_path = bench.load_level(args.streams, args.tps, args.seconds, args.rounds, bench.live())
+    finally:
+        bench.stop()
+    compare(per_path)
+    base_cpu = per_path.get(args.base, {}).get("proxy_cpu_us_per_event")
+    print(f"{args.streams} streams x {args.tps:g}/s, {args.rounds} interleaved rounds:")
+    for name, entry in per_path.items():
+        cpu = entry.get("proxy_cpu_us_per_event")
+        per_window = [w.get("proxy_cpu_us_per_event") for w in entry["windows"]]
+        change = f" ({(cpu / base_cpu - 1) * 100:+.0f}%)" if cpu and base_cpu else ""
+        print(
+            f"  {name:<40} CPU/event {cpu} us{change} windows {per_window} "
+            f"p50 {entry['latency_ms']['p50']} p99 {entry['latency_ms']['p99']} ms "
+            f"added p99 {entry['added_ms']['p99']} ms"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run the benchmark")
+    run_parser.add_argument("--quick", action="store_true", help="seconds-long smoke run")
+    run_parser.add_argument("--out", type=Path, help="results directory")
+    run_parser.add_argument(
+        "--paths", type=_paths, default=list(ALL_PATHS), help=f"comma list of {list(ALL_PATHS)}"
+    )
+    run_parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    run_parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="scheduling priority for every bench process (e.g. -10 on a machine shared "
+        "with other jobs; negative values need root)",
+    )
+    profile_parser = commands.add_parser("profile", help="py-spy profile of one path under load")
+    profile_parser.add_argument(
+        "--path", default="sidecar", help="a Python path, or a patched sidecar (sidecar+PATCH)"
+    )
+    profile_parser.add_argument("--streams", type=int, default=1000)
+    profile_parser.add_argument("--tps", type=float, default=20.0)
+    profile_parser.add_argument("--seconds", type=float, default=10.0)
+    profile_parser.add_argument("--out", type=Path, help="collapsed-stack output file")
+    profile_parser.add_argument(
+        "--requests", type=int, default=0, help="profile N sequential requests instead of streams"
+    )
+    profile_parser.add_argument(
+        "--memory", action="store_true", help="tracemalloc per idle stream (in-process sidecar)"
+    )
+    experiment_parser = commands.add_parser(
+        "experiment", help="a proposed hot-path change (bench/experiments.py) against the sidecar"
+    )
+    experiment_parser.add_argument(
+        "variants", nargs="+", help="patch sets, e.g. lazy-deadline orjson lazy-deadline+orjson"
+    )
+    experiment_parser.add_argument("--base", default="sidecar", choices=SIDECARS)
+    experiment_parser.add_argument("--streams", type=int, default=1000)
+    experiment_parser.add_argument("--tps", type=float, default=20.0)
+    experiment_parser.add_argument("--seconds", type=float, default=3.0)
+    experiment_parser.add_argument("--rounds", type=int, default=3)
+    experiment_parser.add_argument(
+        "--ttft", type=int, default=0, help="also N TTFT samples per variant (scenario f)"
+    )
+    experiment_parser.add_argument(
+        "--cancel", type=int, default=0, help="also N cancel samples per variant (scenario e)"
+    )
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    if args.command == "experiment":
+        return experiment(args)
+    from bench.profile import memory_profile, profile
+
+    if args.memory:
+        return memory_profile(args.streams)
+    return profile(args.path, args.streams, args.tps, args.seconds, args.out, args.requests)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

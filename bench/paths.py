@@ -1,0 +1,307 @@
+"""The processes of a benchmark run: the upstream, and each path under test.
+
+A path is a way from the load client to the upstream:
+
+- ``direct``: no proxy; the baseline every other path is compared with;
+- ``sidecar``: ``streamwarden run`` on asyncio's default loop;
+- ``sidecar-uvloop``: ``streamwarden run --uvloop``;
+- ``nginx``: Debian's nginx, one worker, ``proxy_buffering off``, HTTP/1.1
+  with a keep-alive pool to the upstream (the usual SSE setup);
+- ``fastapi-mw``: a FastAPI gateway with ``StreamWardenMiddleware`` under
+  uvicorn (:mod:`bench.gateway`);
+- ``fastapi``: the same gateway without the middleware, so the middleware's
+  own share can be told from the gateway's.
+
+Every process listens on a loopback port chosen at start, runs with a
+raised descriptor limit, and is one OS process whose CPU time and resident
+memory the harness reads from /proc (nginx: its worker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import procfs
+from bench.wire import Head, get
+
+__all__ = ["ALL_PATHS", "PROXIES", "Running", "free_port", "start_path", "start_upstream"]
+
+ALL_PATHS = ("direct", "sidecar", "sidecar-uvloop", "nginx", "fastapi-mw", "fastapi")
+PROXIES = ALL_PATHS[1:]
+HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parent.parent
+
+_DESCRIPTIONS = {
+    "direct": "load client straight to the upstream (baseline)",
+    "sidecar": "streamwarden run (asyncio loop)",
+    "sidecar-uvloop": "streamwarden run --uvloop",
+    "nginx": "nginx, 1 worker, proxy_buffering off, HTTP/1.1 keep-alive upstream",
+    "fastapi-mw": "FastAPI gateway + StreamWardenMiddleware under uvicorn",
+    "fastapi": "the same FastAPI gateway without the middleware",
+}
+
+_NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+worker_rlimit_nofile {fds};
+events {{
+    worker_connections {connections};
+}}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/client_body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream llm {{
+        server {host}:{upstream};
+        keepalive 512;
+    }}
+    server {{
+        listen {host}:{port} backlog=4096;
+        location / {{
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 3600s;
+        }}
+    }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    # The children must not inherit a profiler or coverage hook of the parent.
+    env.pop("COV_CORE_SOURCE", None)
+    return env
+
+
+def _raise_limits() -> None:
+    procfs.raise_fd_limit()
+
+
+@dataclass
+class Running:
+    """A started path (or the upstream): its port and the processes to measure."""
+
+    name: str
+    port: int
+    description: str
+    process: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    #: The processes whose CPU and memory count as the path's.
+    measured: list[int] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.process is None or self.process.poll() is None
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        # The sidecar drains on the first SIGTERM (up to drain_timeout with
+        # streams open) and exits at once on the second.
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(1.0)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(2.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(2.0)
+
+
+def wait_http(port: int, target: str, timeout: float) -> None:
+    """Wait until ``GET target`` on the port answers 200."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((HOST, port), timeout=2) as sock:
+                sock.sendall(get(HOST, port, target))
+                buf = bytearray()
+                while b"\r\n\r\n" not in buf:
+                    data = sock.recv(4096)
+                    if not data:
+                        break
+                    buf += data
+                head = Head(bytes(buf.split(b"\r\n\r\n", 1)[0]))
+                if head.status == 200:
+                    return
+                last = RuntimeError(f"status {head.status}")
+        except OSError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not answer {target} in {timeout}s: {last}")
+
+
+def _popen(args: list[str], log: Path, **kwargs: object) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=_child_env(),
+            preexec_fn=_raise_limits,
+            **kwargs,
+        )
+
+
+def start_upstream(workdir: Path) -> Running:
+    log = workdir / "upstream.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.upstream", "--listen", f"{HOST}:0"],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "wb"),  # noqa: SIM115 - the child owns it from here
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=_child_env(),
+        preexec_fn=_raise_limits,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline().decode()
+    if not line.startswith("READY "):
+        process.kill()
+        raise RuntimeError(f"the upstream did not start: {line!r}, see {log}")
+    port = int(line.split()[1])
+    return Running(
+        "upstream",
+        port,
+        "bench.upstream (uvloop, one asyncio.Protocol per connection)",
+        process,
+        log,
+        [process.pid],
+    )
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
+
+
+def start_path(name: str, upstream: Running, workdir: Path) -> Running:
+    """Start one path in front of the upstream and wait until it proxies."""
+    return await_path(launch_path(name, upstream, workdir))
+
+
+def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
+    """Start one path's process without waiting for it (paths start side by side)."""
+    base, *patches = name.split("+")
+    description = _DESCRIPTIONS[base] + (
+        f", with runtime patch(es) {', '.join(patches)} (bench/experiments.py)" if patches else ""
+    )
+    if name == "direct":
+        return Running(name, upstream.port, description)
+    port = free_port()
+    log = workdir / f"{name}.log"
+    upstream_url = f"http://{HOST}:{upstream.port}"
+    running: Running
+    if base in ("sidecar", "sidecar-uvloop"):
+        # A patched sidecar (bench.experiments) takes the same arguments.
+        runner = ["bench.experiments", "+".join(patches)] if patches else ["streamwarden.cli"]
+        args = [
+            sys.executable,
+            "-m",
+            *runner,
+            "run",
+            "--upstream",
+            upstream_url,
+            "--listen",
+            f"{HOST}:{port}",
+            "--admin-listen",
+            f"{HOST}:{free_port()}",
+        ]
+        if base == "sidecar-uvloop":
+            args.append("--uvloop")
+        process = _popen(args, log)
+        running = Running(name, port, description, process, log, [process.pid])
+        running.details["command"] = "streamwarden " + " ".join(args[args.index("run") :])
+    elif name == "nginx":
+        binary = nginx_binary()
+        if binary is None:
+            raise RuntimeError("nginx is not installed (apt-get install nginx)")
+        tmp = workdir / "nginx"
+        tmp.mkdir(exist_ok=True)
+        conf = tmp / "nginx.conf"
+        conf.write_text(
+            _NGINX_CONF.format(
+                tmp=tmp,
+                # The descriptor limit the process really gets (the hard limit
+                # may not be raisable); worker_connections above it, because at
+                # equal values nginx ran out of connection slots a few hundred
+                # streams before it ran out of descriptors.
+                fds=(fds := procfs.raise_fd_limit()),
+                connections=2 * fds,
+                host=HOST,
+                upstream=upstream.port,
+                port=port,
+            )
+        )
+        process = _popen([binary, "-p", str(tmp), "-c", str(conf)], log)
+        running = Running(name, port, description, process, log)
+        running.details["config"] = str(conf)
+    elif name in ("fastapi-mw", "fastapi"):
+        args = [
+            sys.executable,
+            "-m",
+            "bench.gateway",
+            "--port",
+            str(port),
+            "--upstream",
+            upstream_url,
+        ]
+        if name == "fastapi-mw":
+            args.append("--middleware")
+        process = _popen(args, log)
+        running = Running(name, port, description, process, log, [process.pid])
+    else:
+        raise ValueError(f"unknown path {name!r}")
+    return running
+
+
+def await_path(running: Running) -> Running:
+    """Wait until a launched path proxies to the upstream; raise if it does not."""
+    if running.process is None:
+        return running
+    try:
+        wait_http(running.port, "/_bench/health", timeout=20.0)
+    except RuntimeError:
+        running.stop()
+        log = running.log
+        tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+        raise RuntimeError(f"{running.name} did not start:\n{tail}") from None
+    if running.name == "nginx":
+        assert running.process is not None
+        running.measured = procfs.children(running.process.pid) or [running.process.pid]
+    return running

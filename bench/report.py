@@ -1,0 +1,383 @@
+"""The run's outputs: the JSON document, the Markdown tables, the targets and the plot."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bench.paths import nginx_binary
+
+__all__ = ["environment", "evaluate_targets", "markdown", "plot"]
+
+SIDECARS = ("sidecar", "sidecar-uvloop")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers depend on: machine, kernel, interpreter, and each path's software."""
+    nginx = nginx_binary()
+    nginx_version = None
+    if nginx is not None:
+        done = subprocess.run([nginx, "-v"], capture_output=True, text=True, check=False)
+        nginx_version = done.stderr.strip().removeprefix("nginx version: ")
+    return {
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_at_start": list(os.getloadavg()),
+        "versions": {
+            name: _version(name)
+            for name in (
+                "streamwarden",
+                "aiohttp",
+                "uvloop",
+                "uvicorn",
+                "httptools",
+                "fastapi",
+                "starlette",
+            )
+        }
+        | {"nginx": nginx_version},
+    }
+
+
+def _level(results: dict[str, Any], streams: int) -> dict[str, Any] | None:
+    for level in results.get("b_concurrency", {}).get("levels", []):
+        if level["streams"] == streams:
+            per_path: dict[str, Any] = level["per_path"]
+            return per_path
+    return None
+
+
+def _get(data: Any, *keys: Any) -> Any:
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 7's targets, each judged for both sidecar loops; ``met`` is None if not measured."""
+    out: list[dict[str, Any]] = []
+    at200 = _level(results, 200)
+    at1000 = _level(results, 1000)
+    cancel = _get(results, "e_cancel", "per_path") or {}
+    idle = _get(results, "d_idle_memory", "per_path") or {}
+    rates = _get(results, "c_max_rate", "per_path") or {}
+
+    def add(target: str, name: str, value: float | None, limit: float, unit: str) -> None:
+        met = None if value is None else value < limit if unit != "events/s" else value >= limit
+        if unit == "events/s" and met is False and not _get(rates, name, "first_miss"):
+            met = None  # the plan's levels stopped below the target before the path did
+        out.append({"target": target, "path": name, "measured": value, "unit": unit, "met": met})
+
+    for name in SIDECARS:
+        p99 = _get(cancel, name, "ms", "p99")
+        if _get(cancel, name, "missing"):
+            p99 = float("inf")
+        add("cancel propagation p99 < 1 ms", name, p99, 1.0, "ms")
+        add(
+            "added per-event p99 < 1 ms at 200 x 20/s",
+            name,
+            _get(at200, name, "added_ms", "p99"),
+            1.0,
+            "ms",
+        )
+        add(
+            "added per-event p99 < 2 ms at 1000 x 20/s",
+            name,
+            _get(at1000, name, "added_ms", "p99"),
+            2.0,
+            "ms",
+        )
+        add(
+            "one process sustains >= 50,000 events/s",
+            name,
+            _get(rates, name, "sustained_events_per_s"),
+            50_000,
+            "events/s",
+        )
+        add(
+            "<= 24 KiB resident per idle stream",
+            name,
+            _get(idle, name, "kib_per_stream"),
+            24.0001,
+            "KiB",
+        )
+        cpu_ratio = _get(at1000, name, "cpu_ratio_vs_nginx")
+        add("CPU per event <= 2x nginx (1000 x 20/s)", name, cpu_ratio, 2.0001, "x nginx")
+    return out
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if value == float("inf"):
+            return "never"
+        return f"{value:.{digits}f}" if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _x(value: Any) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    r = doc["results"]
+    env = doc["environment"]
+    lines = [
+        f"# streamwarden benchmark: {doc['plan']} run of {doc['started_at']}",
+        "",
+        f"Command: `{doc['command']}` ({r.get('duration_s', '?')} s). "
+        f"Machine: {env['cpus']} cores, "
+        f"Linux {env['kernel']}, Python {env['python']}, load average at start "
+        f"{', '.join(f'{x:.2f}' for x in env['loadavg_at_start'])}"
+        + (f", bench processes at nice {env['nice']}" if env.get("nice") else "")
+        + ".",
+        "Versions: "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v is not None)
+        + ".",
+        "",
+        "All times in milliseconds. *Added* = the path's percentile minus the direct "
+        "path's percentile from the same scenario of the same run; ×direct and ×nginx "
+        "are ratios of the raw percentiles. Every latency is upstream send to client "
+        "receive of one event, on one monotonic clock.",
+        "",
+    ]
+    if doc.get("unavailable"):
+        lines += [
+            "Paths not measured: " + "; ".join(f"{k} ({v})" for k, v in doc["unavailable"].items()),
+            "",
+        ]
+    lines += ["## Targets (issue 7)", "", "| target | path | measured | met |", "|---|---|---|---|"]
+    for t in doc["targets"]:
+        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+        lines.append(
+            f"| {t['target']} | {t['path']} | {_fmt(t['measured'], 3)} {t['unit']} | {met} |"
+        )
+    lines.append("")
+
+    single = r.get("a_single_stream")
+    if single:
+        lines += [
+            f"## (a) One stream at {single['tps']:g} events/s: per-event latency",
+            "",
+            "| path | p50 | p99 | max | added p50 | added p99 | ×direct p99 | ×nginx p99 "
+            "| events |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, e in single["per_path"].items():
+            lat, add = e["latency_ms"], e["added_ms"]
+            lines.append(
+                f"| {name} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | {_fmt(lat['max'])} | "
+                f"{_fmt(add['p50'])} | {_fmt(add['p99'])} | {_x(e['ratio_vs_direct']['p99'])} | "
+                f"{_x(e['ratio_vs_nginx']['p99'])} | {lat['n']:,} |"
+            )
+        lines.append("")
+
+    sweep = r.get("b_concurrency")
+    if sweep and sweep["levels"]:
+        lines += [
+            f"## (b) Concurrent streams at {sweep['tps']:g} events/s each",
+            "",
+            "CPU per event is the proxy process's CPU time in the window over the "
+            "events delivered in it; `load` is CPU use of proxy / upstream / client, "
+            "and of everything else on the machine (other jobs) in the same window.",
+            "",
+            "| streams | path | p50 | p99 | added p50 | added p99 | ×direct p99 | ×nginx p99 "
+            "| CPU µs/event | ×nginx CPU | delivered/offered ev/s | load proxy/up/client/other |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for level in sweep["levels"]:
+            for name, e in level["per_path"].items():
+                lat, add = e["latency_ms"], e["added_ms"]
+                w: dict[str, Any] = next((w for w in e["windows"] if "error" not in w), {})
+                util = w.get("cpu_util", {})
+                load = (
+                    "/".join(
+                        f"{util.get(k, 0) * 100:.0f}%" if k in util else "–"
+                        for k in ("proxy", "upstream", "client")
+                    )
+                    + f"/{w.get('other_cpu_util', 0) * 100:.0f}%"
+                )
+                lines.append(
+                    f"| {level['streams']:,} | {name} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | "
+                    f"{_fmt(add['p50'])} | {_fmt(add['p99'])} | "
+                    f"{_x(e['ratio_vs_direct']['p99'])} | {_x(e['ratio_vs_nginx']['p99'])} | "
+                    f"{_fmt(e.get('proxy_cpu_us_per_event'), 1)} | "
+                    f"{_x(e.get('cpu_ratio_vs_nginx'))} | "
+                    f"{_fmt(e.get('delivered_events_per_s'), 0)}/"
+                    f"{_fmt(e.get('offered_events_per_s'), 0)} | "
+                    f"{load} |"
+                )
+        lines.append("")
+
+    rates = r.get("c_max_rate")
+    if rates:
+        lines += [
+            f"## (c) Highest sustained aggregate event rate ({rates['criterion']})",
+            "",
+            "| path | events/s | streams | p99 added | proxy CPU | first level missed |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, e in rates["per_path"].items():
+            miss = e.get("first_miss")
+            miss_text = (
+                f"{miss['streams']:,} streams: {_fmt(miss['delivered_events_per_s'], 0)} of "
+                f"{_fmt(miss['events_per_s'], 0)} ev/s, p99 added {_fmt(miss['p99_added_ms'])}"
+                + ("" if miss["direct_kept_up"] else " (harness itself saturated)")
+                if miss
+                else "none"
+            )
+            cpu = e.get("proxy_cpu_util")
+            if e.get("refined"):
+                miss_text += "; bisection: " + ", ".join(
+                    f"{step['streams']:,} {'ok' if step['sustained'] else 'missed'}"
+                    for step in e["refined"]
+                )
+            lines.append(
+                f"| {name} | {_fmt(e['sustained_events_per_s'], 0)} | {_fmt(e['streams'])} | "
+                f"{_fmt(e.get('p99_added_ms'))} | {'–' if cpu is None else f'{cpu * 100:.0f}%'} | "
+                f"{miss_text} |"
+            )
+        lines.append("")
+
+    idle = r.get("d_idle_memory")
+    if idle:
+        lines += [
+            f"## (d) {idle['streams']:,} idle streams: resident memory per open stream",
+            "",
+            *(
+                [
+                    f"Planned {idle['planned_streams']:,}; a proxied stream holds two sockets "
+                    f"in the proxy and this machine's descriptor limit is {idle['fd_limit']:,} "
+                    "per process (not raisable here), so the run used the largest count that fits.",
+                    "",
+                ]
+                if idle.get("planned_streams", idle["streams"]) > idle["streams"]
+                else []
+            ),
+            "| path | opened | RSS before KiB | RSS open KiB | KiB/stream | ×nginx |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, e in idle["per_path"].items():
+            if "error" in e:
+                lines.append(f"| {name} | failed: {e['error'][:80]} | | | | |")
+                continue
+            lines.append(
+                f"| {name} | {e['opened']:,} | {e['rss_before_kib']:,} | {e['rss_open_kib']:,} | "
+                f"{_fmt(e['kib_per_stream'], 1)} | {_x(e.get('ratio_vs_nginx'))} |"
+            )
+        lines.append("")
+
+    cancel = r.get("e_cancel")
+    if cancel:
+        lines += [
+            "## (e) Cancel propagation: client FIN to upstream close, upstream silent",
+            "",
+            "| path | p50 | p99 | max | added p99 | ×nginx p99 | never closed (1 s) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, e in cancel["per_path"].items():
+            ms = e["ms"]
+            lines.append(
+                f"| {name} | {_fmt(ms['p50'])} | {_fmt(ms['p99'])} | {_fmt(ms['max'])} | "
+                f"{_fmt(e['added_ms']['p99'])} | {_x(e['ratio_vs_nginx']['p99'])} | "
+                f"{e['missing']} of {cancel['samples']} |"
+            )
+        lines.append("")
+
+    ttft = r.get("f_ttft")
+    if ttft:
+        lines += [
+            "## (f) Time to first token: overhead per request (new connection each)",
+            "",
+            "| path | streamed p50 | overhead p50 | overhead p99 | non-streamed p50 "
+            "| overhead p50 | overhead p99 |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, e in ttft["per_path"].items():
+            so = e.get("streamed_overhead_ms", {})
+            wo = e.get("whole_overhead_ms", {})
+            lines.append(
+                f"| {name} | {_fmt(e['streamed_ms']['p50'])} | {_fmt(so.get('p50'))} | "
+                f"{_fmt(so.get('p99'))} | {_fmt(e['whole_ms']['p50'])} | {_fmt(wo.get('p50'))} | "
+                f"{_fmt(wo.get('p99'))} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], out: Path) -> bool:
+    """Latency percentiles and CPU per event against concurrency, one line per path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    levels = doc["results"].get("b_concurrency", {}).get("levels", [])
+    if not levels:
+        return False
+    names: list[str] = []
+    for level in levels:
+        for name in level["per_path"]:
+            if name not in names:
+                names.append(name)
+    fig, (ax_lat, ax_cpu) = plt.subplots(1, 2, figsize=(13, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(names):
+        xs, p50, p99, cpu_x, cpu = [], [], [], [], []
+        for level in levels:
+            e = level["per_path"].get(name)
+            if not e or e["latency_ms"]["p50"] is None:
+                continue
+            xs.append(level["streams"])
+            p50.append(e["latency_ms"]["p50"])
+            p99.append(e["latency_ms"]["p99"])
+            if e.get("proxy_cpu_us_per_event"):
+                cpu_x.append(level["streams"])
+                cpu.append(e["proxy_cpu_us_per_event"])
+        color = colors[i % len(colors)]
+        ax_lat.plot(xs, p50, "o-", color=color, label=f"{name} p50")
+        ax_lat.plot(xs, p99, "s--", color=color, label=f"{name} p99")
+        if cpu:
+            ax_cpu.plot(cpu_x, cpu, "o-", color=color, label=name)
+    tps = doc["results"]["b_concurrency"]["tps"]
+    ax_lat.set(
+        xscale="log",
+        yscale="log",
+        xlabel=f"concurrent streams ({tps:g} events/s each)",
+        ylabel="upstream send → client receive (ms)",
+        title="Per-event latency by path",
+    )
+    ax_lat.grid(True, which="both", alpha=0.3)
+    ax_lat.legend(fontsize=7, ncol=2)
+    ax_cpu.set(
+        xscale="log",
+        xlabel=f"concurrent streams ({tps:g} events/s each)",
+        ylabel="proxy CPU per event (µs)",
+        title="Proxy CPU per event",
+    )
+    ax_cpu.grid(True, which="both", alpha=0.3)
+    ax_cpu.legend(fontsize=8)
+    fig.suptitle(f"streamwarden bench, {doc['plan']} run, {doc['started_at']}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
