@@ -77,12 +77,35 @@ class Dialect:
         return False
 
 
-def load_json(data: str) -> Any:
+def _load_json_stdlib(data: str) -> Any:
     """Parse an event's JSON data, or return ``None`` when it is not JSON."""
     try:
         return json.loads(data)
     except ValueError:
         return None
+
+
+def _load_json_fast(data: str) -> Any:
+    """As :func:`_load_json_stdlib`, with orjson first.
+
+    Parsing each event's JSON is the largest share of the relay's own cost
+    per event, and orjson does it in about a third of the time. What orjson
+    refuses and ``json`` accepts (``NaN``, lone surrogates) goes to
+    ``json``. The one difference left: integers past 64 bits come back as
+    floats, and no field a dialect reads (token counts, indexes) holds one.
+    """
+    try:
+        return _orjson_loads(data)
+    except ValueError:
+        return _load_json_stdlib(data)
+
+
+try:  # the ``fast`` extra
+    from orjson import loads as _orjson_loads
+except ImportError:  # pragma: no cover - depends on what is installed
+    load_json = _load_json_stdlib
+else:
+    load_json = _load_json_fast
 
 
 def dump_json(value: object) -> str:

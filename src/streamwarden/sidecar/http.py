@@ -24,25 +24,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["GuardedAppRunner"]
+__all__ = ["GuardedAppRunner", "on_client_gone"]
 
 log = logging.getLogger("streamwarden.proxy")
 
 
 class _GuardedRequestHandler(RequestHandler):
-    __slots__ = ("_header_deadline", "_header_timer", "_requests_at_arm")
+    __slots__ = ("_header_deadline", "_header_timer", "_requests_at_arm", "on_client_gone")
 
     def __init__(self, *args: Any, header_deadline: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline = header_deadline
         self._header_timer: asyncio.TimerHandle | None = None
         self._requests_at_arm = 0
+        #: Called once, in the very callback that hears the client leave (see
+        #: :func:`on_client_gone`).
+        self.on_client_gone: Callable[[], object] | None = None
+
+    def eof_received(self) -> None:
+        # aiohttp closes the connection on a client's FIN, as on a reset.
+        self._client_gone()
+        super().eof_received()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -58,7 +67,13 @@ class _GuardedRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
+        self._client_gone()
         super().connection_lost(exc)
+
+    def _client_gone(self) -> None:
+        callback, self.on_client_gone = self.on_client_gone, None
+        if callback is not None:
+            callback()
 
     def _arm(self) -> None:
         if self._header_deadline > 0:
@@ -103,6 +118,22 @@ class _GuardedRequestHandler(RequestHandler):
         response = web.Response(status=status, text=f"{status} {reason}\n")
         response.force_close()
         return response
+
+
+def on_client_gone(request: web.BaseRequest, callback: Callable[[], object] | None) -> None:
+    """Run ``callback`` the moment ``request``'s client closes its connection (``None``: stop).
+
+    aiohttp answers a client that leaves by cancelling the request's
+    handler; the cancellation reaches the code that closes the upstream
+    three or four event-loop turns later, with the coroutine stack to
+    unwind between. A callback here runs in the callback that read the
+    client's FIN or reset, so the upstream can be told first (the handler
+    still runs its cleanup as before). Requests served by other handlers
+    (tests that build a plain aiohttp app) just do without.
+    """
+    protocol = request.protocol
+    if isinstance(protocol, _GuardedRequestHandler):
+        protocol.on_client_gone = callback
 
 
 _HEADER_PARSING = ("cb_on_header_field", "cb_on_header_value")

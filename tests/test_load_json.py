@@ -1,0 +1,66 @@
+"""Event JSON parses the same with and without orjson (the ``fast`` extra)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamwarden.dialects import base
+
+orjson = pytest.importorskip("orjson")
+
+TRICKY = [
+    '{"choices":[{"delta":{"content":"hi"}}]}',
+    '{"a": NaN, "b": Infinity, "c": -Infinity}',  # json accepts these, orjson does not
+    '{"s": "\\ud800"}',  # a lone surrogate
+    '{"s": "caf\\u00e9 \\ud83d\\ude00"}',
+    "[DONE]",
+    "",
+    "   ",
+    "{",
+    '{"a":1} trailing',
+    "1e400",
+    "-0",
+]
+
+
+def _same(data: str) -> None:
+    fast, stdlib = base._load_json_fast(data), base._load_json_stdlib(data)
+    # repr: NaN != NaN, and 1 == 1.0 == True must not pass for one another.
+    assert repr(fast) == repr(stdlib), data
+
+
+def test_the_fast_parser_is_the_one_in_use() -> None:
+    assert base.load_json is base._load_json_fast
+
+
+@pytest.mark.parametrize("data", TRICKY)
+def test_tricky_inputs_parse_the_same(data: str) -> None:
+    _same(data)
+
+
+#: orjson reads integers past 64 bits as floats; no field a dialect reads
+#: (token counts, indexes) comes near that.
+INT64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | INT64 | st.floats() | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+def test_any_json_document_parses_the_same(value: Any) -> None:
+    _same(json.dumps(value))
+
+
+@given(st.text(max_size=64))
+def test_any_text_parses_the_same(data: str) -> None:
+    _same(data)
