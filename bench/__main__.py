@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         "experiment", help="a proposed hot-path change (bench/experiments.py) against the sidecar"
     )
     experiment_parser.add_argument(
-        "variants", nargs="+", help="patch sets, e.g. lazy-deadline orjson lazy-deadline+orjson"
+        "variants", nargs="+", help="patch sets, e.g. no-gap-metrics no-gap-metrics+body-bytes"
     )
     experiment_parser.add_argument("--base", default="sidecar", choices=SIDECARS)
     experiment_parser.add_argument("--streams", type=int, default=1000)

@@ -258,3 +258,111 @@ async def test_client_leaving_at_every_point_of_a_stream(
     idle = sum(len(c) for c in sidecar.proxy.session.connector._conns.values())  # type: ignore[union-attr]
     assert len(asyncio.all_tasks()) <= tasks_before + idle + 2
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 2 * idle + 4
+
+
+async def _raw_stream_request(port: int, headers: dict[str, str], version: str) -> socket.socket:
+    sock = socket.socket()
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    request = (
+        f"POST {CHAT} HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 16\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + '\r\n{"stream": true}'
+    )
+    await loop.sock_sendall(sock, request.encode())
+    return sock
+
+
+async def _read_to_close(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    received = bytearray()
+    async with asyncio.timeout(20):
+        while chunk := await loop.sock_recv(sock, 65536):
+            received += chunk
+    return bytes(received)
+
+
+def _events_of_chunked(raw: bytes) -> tuple[bytes, list[str]]:
+    """Decode an HTTP/1.1 chunked response; its head and the SSE data fields of its body."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    body = bytearray()
+    at = 0
+    while True:
+        line_end = rest.index(b"\r\n", at)
+        size = int(rest[at:line_end], 16)
+        if size == 0:
+            break
+        body += rest[line_end + 2 : line_end + 2 + size]
+        at = line_end + 2 + size + 2
+    decoder = SSEDecoder()
+    return head, [event.data for event in decoder.feed(bytes(body)) + decoder.close()]
+
+
+async def test_an_upstream_much_faster_than_a_paused_client_is_held_back_and_loses_nothing(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    """Backpressure end to end: the sidecar stops reading the upstream, it does not buffer.
+
+    The client reads nothing for a while; the upstream (as fast as it can
+    write) gets only as far as the socket buffers between them, and once the
+    client reads, every event arrives, in order, and the stream completes.
+    """
+    tokens = 100_000
+    sidecar = await start_sidecar(mock.url, client_write_timeout="10s", keepalive_interval=0)
+    headers = {**FAST, "x-mock-tokens": str(tokens), "x-mock-request-id": "flood"}
+    sock = await _raw_stream_request(sidecar.proxy_port, headers, "1.1")
+    try:
+        await asyncio.sleep(1.5)  # the client reads nothing: the buffers between fill up
+        record = mock.stats.get("flood")
+        assert record is not None
+        filled = record.tokens_generated
+        await asyncio.sleep(0.5)  # and then the upstream gets no further
+        held = record.tokens_generated
+        # The mock writes over 20,000 tokens a second when it can.
+        assert held - filled < 1000, (filled, held)
+        assert held < tokens // 2 and not record.ended
+        raw = await _read_until_last_chunk(sock)
+    finally:
+        sock.close()
+    head, data = _events_of_chunked(raw)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert data[-1] == "[DONE]"
+    assert len(data) >= tokens  # every token's chunk (plus the usage chunk and [DONE])
+    finished = sidecar.tracker.finished[-1]
+    assert finished.meter.end_state == "completed"
+    assert finished.meter.tokens_delivered == finished.meter.tokens_generated
+    assert (await mock.stats.wait_ended("flood")).tokens_generated == tokens
+
+
+async def _read_until_last_chunk(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    received = bytearray()
+    async with asyncio.timeout(20):
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk:
+                break
+            received += chunk
+    return bytes(received)
+
+
+async def test_an_http_1_0_client_gets_the_whole_stream_ended_by_the_close(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    """HTTP/1.0 has no chunked encoding: the stream is the body up to the close."""
+    sidecar = await start_sidecar(mock.url)
+    headers = {**FAST, "x-mock-tokens": "50", "x-mock-request-id": "old-client"}
+    sock = await _raw_stream_request(sidecar.proxy_port, headers, "1.0")
+    try:
+        raw = await _read_to_close(sock)
+    finally:
+        sock.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    decoder = SSEDecoder()
+    data = [event.data for event in decoder.feed(body) + decoder.close()]
+    assert data[-1] == "[DONE]" and len(data) >= 50
+    assert sidecar.tracker.finished[-1].meter.end_state == "completed"

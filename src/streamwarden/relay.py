@@ -152,7 +152,12 @@ class Relay:
 
     @property
     def deadline(self) -> float | None:
-        """The time by which ``poll`` must be called next, or ``None`` if no timer runs."""
+        """The time by which ``poll`` must be called next, or ``None`` if no timer runs.
+
+        Feeding and polling only ever move it later (or to ``None`` once the
+        stream is done), never sooner: the faces rely on this to keep one
+        timer per stream, which may fire early but never late.
+        """
         if self.done:
             return None
         limits = self._limits

@@ -27,11 +27,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["GuardedAppRunner", "on_client_gone"]
+__all__ = ["CLIENT_GONE", "GuardedAppRunner", "on_client_gone", "wait_writable", "writing_paused"]
+
+#: How a write to a client that has gone surfaces.
+CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
 
 log = logging.getLogger("streamwarden.proxy")
 
@@ -134,6 +137,24 @@ def on_client_gone(request: web.BaseRequest, callback: Callable[[], object] | No
     protocol = request.protocol
     if isinstance(protocol, _GuardedRequestHandler):
         protocol.on_client_gone = callback
+
+
+def writing_paused(request: web.BaseRequest) -> bool | None:
+    """Whether the client's transport is over its high-water mark (``None``: cannot tell)."""
+    protocol = request.protocol
+    return protocol.writing_paused if isinstance(protocol, _GuardedRequestHandler) else None
+
+
+async def wait_writable(request: web.BaseRequest) -> None:
+    """Until the client's transport is back under its low-water mark.
+
+    Raises ``ClientConnectionResetError`` if the client is gone. (The
+    protocol's drain is what ``StreamResponse.write`` awaits, without a
+    public name of its own.)
+    """
+    protocol = request.protocol
+    if isinstance(protocol, _GuardedRequestHandler):
+        await protocol._drain_helper()
 
 
 _HEADER_PARSING = ("cb_on_header_field", "cb_on_header_value")

@@ -35,7 +35,8 @@ from streamwarden.dialects import asks_for_stream, stream_framing
 from streamwarden.headers import drop_hop_by_hop, redact, stream_response_headers
 from streamwarden.meter import GapObserver, StreamRecord
 from streamwarden.relay import ErrorCode, Relay
-from streamwarden.sidecar.http import on_client_gone
+from streamwarden.sidecar import direct
+from streamwarden.sidecar.http import CLIENT_GONE, on_client_gone
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 
 __all__ = ["Proxy"]
@@ -54,7 +55,6 @@ _WS_HANDSHAKE = frozenset(
         "sec-websocket-accept",
     }
 )
-_CLIENT_GONE = (ConnectionResetError, BrokenPipeError, aiohttp.ClientConnectionResetError)
 # How a broken upstream body surfaces from aiohttp's reader. A malformed
 # chunk followed by a close arrives as RuntimeError("Connection closed.")
 # from the stream reader rather than as a payload error.
@@ -296,7 +296,7 @@ class Proxy:
             if relay.meter.cancel_propagation is None:
                 relay.meter.cancel_propagation = loop.time() - noticed
             raise
-        except _CLIENT_GONE:
+        except CLIENT_GONE:
             relay.client_gone(loop.time())
         finally:
             on_client_gone(request, None)
@@ -454,15 +454,18 @@ class Proxy:
     ) -> None:
         """Move the upstream body through the relay to the client until the stream ends.
 
-        One deadline timer serves many reads. Traffic only ever pushes the
-        relay's deadline later (the next keep-alive, the idle timeout), so a
-        timer left where it was fires early at worst, and the relay's
-        ``poll`` then finds nothing due; it is moved only when the deadline
-        comes sooner. A timer per read cost about a sixth of the sidecar's
-        CPU per event (bench/README.md). Writes that cannot block run under
-        the timer; a write that may wait for a slow client leaves it, to be
-        bounded by ``client_write_timeout`` alone.
+        Where it can, the relay runs in the upstream's data callback
+        (:mod:`streamwarden.sidecar.direct`); else this loop reads the body.
+        One deadline timer serves many reads: traffic only ever moves the
+        relay's deadline later, so a timer left where it was fires early at
+        worst, and ``poll`` then finds nothing due. (A timer per read cost
+        about a sixth of the sidecar's CPU per event, bench/README.md.)
+        Writes that cannot block run under the timer; a write that may wait
+        for a slow client leaves it, bounded by ``client_write_timeout``.
         """
+        if direct.usable(request, upstream, response):
+            await direct.pump(request, upstream, response, stream, decoder, write_timeout)
+            return
         loop = asyncio.get_running_loop()
         relay = stream.relay
         transport = request.transport
@@ -470,8 +473,7 @@ class Proxy:
         while not relay.done:
             backlog = b""
             try:
-                async with asyncio.timeout_at(relay.deadline) as timer:
-                    stream.timer = timer
+                async with asyncio.timeout_at(relay.deadline) as stream.timer:
                     while not relay.done:
                         out = await _read_output(stream, body, decoder)
                         if not out:
@@ -482,9 +484,6 @@ class Proxy:
                             backlog = out  # may wait for the client: not under this timer
                             break
                         await response.write(out)  # stays under the high-water mark
-                        deadline, when = relay.deadline, timer.when()
-                        if deadline is not None and (when is None or deadline < when):
-                            timer.reschedule(deadline)
             except TimeoutError:
                 now = loop.time()
                 backlog = relay.shutdown(now) if stream.draining else relay.poll(now)
@@ -500,7 +499,7 @@ class Proxy:
                 if transport is not None:
                     transport.abort()
                 return
-        with contextlib.suppress(*_CLIENT_GONE):
+        with contextlib.suppress(*CLIENT_GONE):
             await response.write_eof()
 
     # -- websockets ------------------------------------------------------------
