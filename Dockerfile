@@ -9,8 +9,8 @@
 # Runs as uid 10001 with a read-only root filesystem (it writes nothing
 # outside /tmp). The config is /etc/streamwarden/config.yaml (the image ships
 # configs/sidecar-in-front-of-app.yaml there; mount your own over it), and
-# every key can be overridden with STREAMWARDEN_<KEY>. Add "--uvloop" after
-# the CMD's arguments to run on uvloop (installed here).
+# every key can be overridden with STREAMWARDEN_<KEY>. It runs on uvloop
+# (installed here; STREAMWARDEN_EVENT_LOOP=asyncio for the standard loop).
 # tests/test_container.py checks these properties and runs the same install
 # steps and entrypoint without a Docker engine.
 
@@ -28,7 +28,7 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 # A virtualenv at the same path in both stages, so its scripts' shebangs hold.
 # pip compiles every module to bytecode here, at build time, so the read-only
-# runtime never needs to. "fast" adds uvloop.
+# runtime never needs to. "fast" adds uvloop and orjson.
 RUN python -m venv /opt/streamwarden \
     && /opt/streamwarden/bin/pip install --no-cache-dir ".[fast]"
 

@@ -3,8 +3,9 @@
 A path is a way from the load client to the upstream:
 
 - ``direct``: no proxy; the baseline every other path is compared with;
-- ``sidecar``: ``streamwarden run`` on asyncio's default loop;
-- ``sidecar-uvloop``: ``streamwarden run --uvloop``;
+- ``sidecar``: ``streamwarden run --event-loop asyncio``;
+- ``sidecar-uvloop``: ``streamwarden run --uvloop`` (what ``run`` picks by
+  itself when uvloop is installed);
 - ``nginx``: Debian's nginx, one worker, ``proxy_buffering off``, HTTP/1.1
   with a keep-alive pool to the upstream (the usual SSE setup);
 - ``fastapi-mw``: a FastAPI gateway with ``StreamWardenMiddleware`` under
@@ -42,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 _DESCRIPTIONS = {
     "direct": "load client straight to the upstream (baseline)",
-    "sidecar": "streamwarden run (asyncio loop)",
+    "sidecar": "streamwarden run --event-loop asyncio",
     "sidecar-uvloop": "streamwarden run --uvloop",
     "nginx": "nginx, 1 worker, proxy_buffering off, HTTP/1.1 keep-alive upstream",
     "fastapi-mw": "FastAPI gateway + StreamWardenMiddleware under uvicorn",
@@ -242,8 +243,7 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
             "--admin-listen",
             f"{HOST}:{free_port()}",
         ]
-        if base == "sidecar-uvloop":
-            args.append("--uvloop")
+        args += ["--uvloop"] if base == "sidecar-uvloop" else ["--event-loop", "asyncio"]
         process = _popen(args, log)
         running = Running(name, port, description, process, log, [process.pid])
         running.details["command"] = "streamwarden " + " ".join(args[args.index("run") :])

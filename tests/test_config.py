@@ -133,6 +133,7 @@ def test_routes_from_environment_as_yaml() -> None:
             'routes./v1.keepalive_interval: "soon" is not a duration',
         ),
         ({"log_format": "xml"}, 'log_format: "xml" is not one of'),
+        ({"event_loop": "fast"}, 'event_loop: "fast" is not one of'),
         (
             {"upstream_ca_bundle": "/nonexistent/ca.pem"},
             'upstream_ca_bundle: "/nonexistent/ca.pem" is not a readable file',

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -321,3 +322,49 @@ async def test_secrets_never_reach_the_logs(
         assert f"SECRET{n}" not in stderr
     # Bodies are never logged either.
     assert "naïve" not in stderr and "Streams" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        ([], {}, "uvloop"),  # auto: uvloop is installed with the test extra
+        (["--event-loop", "asyncio"], {}, "asyncio"),
+        ([], {"STREAMWARDEN_EVENT_LOOP": "asyncio"}, "asyncio"),
+        (["--uvloop"], {"STREAMWARDEN_EVENT_LOOP": "asyncio"}, "uvloop"),  # flags win
+    ],
+    ids=["auto", "flag", "env", "flag-over-env"],
+)
+async def test_the_event_loop_is_uvloop_when_installed_unless_configured(
+    mock: MockServer, flags: list[str], env: dict[str, str], expected: str
+) -> None:
+    pytest.importorskip("uvloop")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamwarden.cli",
+            "run",
+            "--upstream",
+            mock.url,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin-listen",
+            f"127.0.0.1:{free_port()}",
+            "--log-format",
+            "text",
+            *flags,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+    try:
+        await wait_port(port)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    finally:
+        process.kill()
+        process.wait(timeout=5)
+    [started] = [line for line in stderr.splitlines() if "listening on" in line]
+    assert started.endswith(f"event loop {expected}"), started

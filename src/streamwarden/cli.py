@@ -43,7 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", dest="log_format", help="json or text")
     run.add_argument("--log-level", dest="log_level", help="debug, info, warning, error")
     run.add_argument(
-        "--uvloop", action="store_true", help="run on uvloop (if installed) instead of asyncio"
+        "--event-loop", dest="event_loop", help="auto (uvloop when installed), asyncio, uvloop"
+    )
+    run.add_argument(
+        "--uvloop",
+        dest="event_loop",
+        action="store_const",
+        const="uvloop",
+        help="same as --event-loop uvloop",
     )
 
     demo = commands.add_parser("demo", help="start a simulated model and the sidecar in front")
@@ -69,6 +76,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         "keepalive_interval",
         "log_format",
         "log_level",
+        "event_loop",
     )
     overrides: dict[str, Any] = {key: getattr(args, key) for key in keys}
     return load_settings(args.config, overrides=overrides)
@@ -82,13 +90,17 @@ def _run(args: argparse.Namespace) -> int:
     from streamwarden.sidecar import run_sidecar
 
     configure_logging(settings)
-    if args.uvloop:
-        try:
-            import uvloop
-        except ImportError:
-            raise ConfigError("--uvloop: uvloop is not installed (pip install uvloop)") from None
-        return uvloop.run(run_sidecar(settings))
-    return asyncio.run(run_sidecar(settings))
+    if settings.event_loop == "asyncio":
+        return asyncio.run(run_sidecar(settings))
+    try:
+        import uvloop
+    except ImportError:
+        if settings.event_loop == "uvloop":
+            raise ConfigError(
+                'event_loop: "uvloop" is not installed (pip install "streamwarden[fast]")'
+            ) from None
+        return asyncio.run(run_sidecar(settings))
+    return uvloop.run(run_sidecar(settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -216,6 +216,10 @@ class Settings(BaseModel):
     metrics_path: str | None = None
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Sidecar only: the event loop. ``auto`` takes uvloop when it is installed
+    #: (the ``fast`` extra, and the container image): it carries about a
+    #: quarter more events per second at the same latency (bench/README.md).
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     def for_path(self, path: str) -> ResolvedRoute:
         """The per-stream settings for a request path, route overrides applied."""

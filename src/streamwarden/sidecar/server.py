@@ -215,10 +215,11 @@ async def run_sidecar(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     log.info(
-        "streamwarden listening on %s (admin %s), upstream %s",
+        "streamwarden listening on %s (admin %s), upstream %s, event loop %s",
         settings.listen,
         settings.admin_listen,
         settings.upstream,
+        type(loop).__module__.partition(".")[0],  # asyncio or uvloop
     )
     await stop.wait()
     log.info("draining for up to %gs", settings.drain_timeout)
