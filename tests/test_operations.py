@@ -85,6 +85,30 @@ async def test_drain_lets_short_streams_finish_and_ends_long_ones_honestly(
     assert long_record.tokens_generated < 200
 
 
+async def test_a_client_leaving_during_the_drain_ends_its_stream_and_the_drain_early(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    """A stream whose client leaves mid-drain is cancelled at once, not held to the timeout."""
+    sidecar = await start_sidecar(mock.url, drain_timeout="5s")
+    headers = {"x-mock-tps": "0", "x-mock-ttft": "30", "x-mock-request-id": "left-in-drain"}
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            sidecar.proxy_url + CHAT, headers=headers, json={"stream": True}
+        )
+        assert response.status == 200
+        draining = asyncio.create_task(sidecar.drain())
+        await asyncio.sleep(0.1)
+        assert not draining.done()  # the silent stream holds the drain
+        response.close()  # the client leaves during the shutdown
+        started = time.monotonic()
+        await asyncio.wait_for(draining, 2)
+    assert time.monotonic() - started < 1.0  # not the 5 s drain timeout
+    [record] = sidecar.tracker.finished
+    assert record.meter.end_state == "client_cancelled"
+    upstream = await mock.stats.wait_ended("left-in-drain", timeout=2)
+    assert upstream.closed_early
+
+
 async def wait_port(port: int, timeout: float = 10) -> float:
     start = time.monotonic()
     async with asyncio.timeout(timeout):
