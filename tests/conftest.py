@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,6 +14,18 @@ from streamwarden.mock import MockServer, start_mock
 from streamwarden.sidecar import Sidecar
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
+
+
+if os.environ.get("TEST_EVENT_LOOP") == "uvloop":
+    # ``streamwarden run`` picks uvloop when it is installed, so the
+    # in-process sidecar tests run on it too (``.ci/run`` does both loops).
+
+    def pytest_asyncio_loop_factories(
+        config: pytest.Config, item: pytest.Item
+    ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+        import uvloop
+
+        return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture
