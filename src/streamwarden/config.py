@@ -29,6 +29,7 @@ from streamwarden.dialects import DIALECT_NAMES
 from streamwarden.relay import Limits
 
 __all__ = [
+    "SIDECAR_ONLY",
     "ConfigError",
     "RouteSettings",
     "Settings",
@@ -42,6 +43,32 @@ ENV_PREFIX = "STREAMWARDEN_"
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message is one line for the user."""
+
+
+#: Settings only the sidecar reads: the listeners, the upstream connection,
+#: the HTTP parser's limits, the drain and the event loop are the server's
+#: in an ASGI app. The middleware refuses them as options rather than
+#: silently doing nothing with them.
+SIDECAR_ONLY = frozenset(
+    {
+        "listen",
+        "admin_listen",
+        "upstream",
+        "upstream_ca_bundle",
+        "preserve_host",
+        "readiness_check_upstream",
+        "upstream_connect_timeout",
+        "upstream_headers_timeout",
+        "max_request_body_bytes",
+        "max_request_line_bytes",
+        "max_header_bytes",
+        "max_headers",
+        "request_header_timeout",
+        "drain_timeout",
+        "early_headers_after",
+        "event_loop",
+    }
+)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")

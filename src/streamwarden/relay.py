@@ -23,6 +23,7 @@ already delivered is complete whatever happens afterwards.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -31,7 +32,7 @@ from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stre
 from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer
 
-__all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay"]
+__all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
 
 #: The comment frame written while the upstream is quiet. Only ever written
 #: between two whole events, so it can never split one.
@@ -47,6 +48,13 @@ class ErrorCode(StrEnum):
     DURATION_EXCEEDED = "duration_exceeded"
     EVENT_TOO_LARGE = "event_too_large"
     SHUTTING_DOWN = "shutting_down"
+
+
+def refusal_body(code: str, message: str) -> bytes:
+    """The small JSON body of an error a face answers itself, instead of the upstream's."""
+    return json.dumps(
+        {"error": {"code": code, "message": f"streamwarden: {message}"}}, separators=(",", ":")
+    ).encode()
 
 
 # What each code means for the stream's end state, and what the client is told.

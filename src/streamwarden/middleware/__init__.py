@@ -32,6 +32,11 @@ Where it diverges from the sidecar, and why:
   on as is: it cannot be framed. Never compress an event stream.
 - Drain on shutdown is the server's: a request the server cancels gets the
   ``shutting_down`` error event if its client can still hear it.
+- The sidecar's own settings (listeners, upstream connection, parser
+  limits, drain, event loop, ``early_headers_after``) are refused as options
+  (:data:`streamwarden.config.SIDECAR_ONLY`). ``max_concurrent_streams``
+  works as in the sidecar: to look for ``"stream": true`` the middleware
+  reads the first body message before the app runs, and hands it on.
 """
 
 from streamwarden.middleware.face import (

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from streamwarden.config import load_settings
+from streamwarden.config import SIDECAR_ONLY, ConfigError, load_settings
 from streamwarden.logs import stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Receive, Scope, Send
@@ -43,6 +43,11 @@ class StreamWardenMiddleware:
     # match Starlette's add_middleware factory protocol only that way.
     def __init__(self, app: ASGIApp, /, **options: Any) -> None:
         self.app = app
+        misplaced = sorted(SIDECAR_ONLY.intersection(options))
+        if misplaced:
+            raise ConfigError(
+                f"{misplaced[0]}: a sidecar-only setting; StreamWardenMiddleware does not use it"
+            )
         self.settings = load_settings(overrides=options)
         #: Streams in flight and the recently finished ones.
         self.streams = Streams()

@@ -99,6 +99,10 @@ class Inbox:
             self.on_request(message)
         return message
 
+    def hold(self, message: Message) -> None:
+        """Give ``message``, taken from the server by the middleware, to the app's next call."""
+        self._held.appendleft(message)
+
     def watch(self, on_disconnect: Callable[[], None]) -> None:
         """Start watching for ``http.disconnect``; ``on_disconnect`` is called once."""
         self._on_disconnect = on_disconnect

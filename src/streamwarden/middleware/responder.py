@@ -78,7 +78,7 @@ from streamwarden.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.meter import GapObserver, StreamRecord
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.inbox import Inbox
-from streamwarden.relay import Relay
+from streamwarden.relay import Relay, refusal_body
 
 __all__ = ["FaceContext", "StreamResponder", "Streams"]
 
@@ -101,6 +101,8 @@ class Streams:
 
     def __init__(self, keep: int = 1000) -> None:
         self.active = 0
+        #: Requests that asked for a stream and are running (max_concurrent_streams).
+        self.admitted = 0
         self.finished: deque[StreamRecord] = deque(maxlen=keep)
         #: Called with each finished stream's record, exactly once per stream.
         self.listeners: list[Listener] = []
@@ -205,11 +207,61 @@ class StreamResponder:
 
     async def run(self, app: ASGIApp) -> None:
         """Run the app for this request; return or raise as the app would have."""
+        self._look_at_request()
+        limit = self._context.settings.max_concurrent_streams
+        if not limit:
+            await self._run(app)
+            return
+        admitted = await self._admit(limit)
+        if admitted is False:
+            return
+        try:
+            await self._run(app)
+        finally:
+            if admitted:
+                self._context.streams.admitted -= 1
+
+    async def _admit(self, limit: int) -> bool | None:
+        """Take a stream slot: ``None`` if the request asks for no stream, ``False`` if refused.
+
+        As in the sidecar, a request asks for a stream by its ``Accept``
+        header, ``alt=sse``, or ``"stream": true`` in the first part of its
+        body, which is read here, before the app runs, and handed to the app
+        as its first ``receive()``. A refused request gets ``503`` with
+        ``Retry-After`` and the app never runs.
+        """
+        inbox = self._inbox
+        if not self._asks_for_stream and inbox.on_request is not None:
+            first = await inbox.receive()  # _look_at_body sees it on the way
+            if first.get("type") == "http.request":
+                inbox.hold(first)
+        if not self._asks_for_stream:
+            return None
+        streams = self._context.streams
+        if streams.admitted >= limit:
+            await inbox.stop()  # a watch started by _look_at_body, if any
+            body = refusal_body("too_many_streams", f"{limit} streams are open")
+            await self._server_send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", b"%d" % len(body)),
+                        (b"retry-after", b"1"),
+                    ],
+                }
+            )
+            await self._server_send({"type": "http.response.body", "body": body})
+            return False
+        streams.admitted += 1
+        return True
+
+    async def _run(self, app: ASGIApp) -> None:
         task = asyncio.current_task()
         self._task = task
         self._base_cancelling = task.cancelling() if task is not None else 0
         self._app_running = True
-        self._look_at_request()
         error: BaseException | None = None
         try:
             await app(self._scope, self._inbox.receive, self._send)

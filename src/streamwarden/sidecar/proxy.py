@@ -34,7 +34,7 @@ from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.dialects import asks_for_stream, stream_framing
 from streamwarden.headers import drop_hop_by_hop, redact, stream_response_headers
 from streamwarden.meter import GapObserver, StreamRecord
-from streamwarden.relay import ErrorCode, Relay
+from streamwarden.relay import ErrorCode, Relay, refusal_body
 from streamwarden.sidecar import direct
 from streamwarden.sidecar.http import CLIENT_GONE, on_client_gone
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
@@ -71,8 +71,8 @@ class BodyTooLarge(Exception):
 
 def json_error(status: int, code: str, message: str) -> web.Response:
     """The small JSON body of an error the proxy answers itself."""
-    return web.json_response(
-        {"error": {"code": code, "message": f"streamwarden: {message}"}}, status=status
+    return web.Response(
+        body=refusal_body(code, message), status=status, content_type="application/json"
     )
 
 

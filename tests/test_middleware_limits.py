@@ -1,0 +1,133 @@
+"""``max_concurrent_streams`` in the middleware: refused before the app runs, as in the sidecar.
+
+A FastAPI app under a real uvicorn on loopback, driven by the ``openai``
+SDK (which asks for a stream with ``"stream": true`` in its body) and by
+httpx with ``Accept: text/event-stream``. Without the setting the same
+app takes every stream, which is the baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from middleware_apps import serve_in_process
+from streamwarden.config import SIDECAR_ONLY, ConfigError, Settings
+from streamwarden.middleware import StreamWardenMiddleware
+
+CHAT = "/v1/chat/completions"
+
+
+class Provider:
+    """Counts the app's provider calls; each stream waits until released."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+
+
+def relay_app(provider: Provider, **options: Any) -> FastAPI:
+    app = FastAPI()
+    app.add_middleware(StreamWardenMiddleware, **options)
+
+    @app.post(CHAT, response_model=None)
+    async def chat(request: Request) -> StreamingResponse | JSONResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return JSONResponse({"choices": [{"message": {"content": "hi"}}]})
+        provider.calls += 1
+
+        async def events() -> AsyncIterator[bytes]:
+            chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            await provider.release.wait()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+async def _open_stream(client: openai.AsyncOpenAI) -> list[str]:
+    stream = await client.chat.completions.create(model="m", messages=[], stream=True)
+    return [c.choices[0].delta.content or "" async for c in stream if c.choices]
+
+
+async def test_without_a_limit_every_stream_reaches_the_app() -> None:
+    provider = Provider()
+    async with serve_in_process(relay_app(provider)) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        streams = [asyncio.create_task(_open_stream(client)) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        assert provider.calls == 3
+        provider.release.set()
+        assert [await s for s in streams] == [["hi"]] * 3
+
+
+@pytest.mark.parametrize("ask", ["body", "accept"])
+async def test_streams_over_the_limit_get_503_with_retry_after_and_the_app_never_runs(
+    ask: str,
+) -> None:
+    provider = Provider()
+    app = relay_app(provider, max_concurrent_streams=2)
+    async with serve_in_process(app) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        open_streams = [asyncio.create_task(_open_stream(client)) for _ in range(2)]
+        async with asyncio.timeout(5):
+            while provider.calls < 2:
+                await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(base_url=url) as http:
+            async with asyncio.timeout(5):  # admitted, it would wait for the release
+                if ask == "body":
+                    with pytest.raises(openai.APIStatusError) as refused:
+                        await _open_stream(client)
+                    response = refused.value.response
+                else:
+                    response = await http.post(
+                        CHAT, headers={"Accept": "text/event-stream"}, json={"stream": True}
+                    )
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["error"]["code"] == "too_many_streams"
+            assert provider.calls == 2  # the refused request never reached the app
+            # A request that asks for no stream is not limited.
+            plain = await http.post(CHAT, json={"stream": False})
+            assert plain.status_code == 200
+        provider.release.set()
+        assert [await s for s in open_streams] == [["hi"]] * 2  # untouched
+        assert await _open_stream(client) == ["hi"]  # capacity is back
+        assert provider.calls == 3
+
+
+@pytest.mark.parametrize("key", sorted(SIDECAR_ONLY))
+def test_a_sidecar_only_setting_is_refused_rather_than_ignored(key: str) -> None:
+    value = {"event_loop": "uvloop", "preserve_host": True}.get(key, "1s")
+    with pytest.raises(ConfigError, match=f"^{key}: a sidecar-only setting"):
+        StreamWardenMiddleware(FastAPI(), **{key: value})
+
+
+def test_every_other_setting_is_one_the_middleware_uses() -> None:
+    shared = set(Settings.model_fields) - SIDECAR_ONLY
+    assert shared == {
+        "keepalive_interval",
+        "upstream_idle_timeout",
+        "max_stream_duration",
+        "client_write_timeout",
+        "max_event_bytes",
+        "max_concurrent_streams",
+        "dialect",
+        "stream_media_types",
+        "redact_headers",
+        "routes",
+        "metrics_path",
+        "log_format",
+        "log_level",
+    }
