@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from middleware_apps import serve_in_process
-from streamwarden.config import SIDECAR_ONLY, ConfigError, Settings
+from streamwarden.config import SIDECAR_ONLY, Settings
 from streamwarden.middleware import StreamWardenMiddleware
 
 CHAT = "/v1/chat/completions"
@@ -108,10 +108,25 @@ async def test_streams_over_the_limit_get_503_with_retry_after_and_the_app_never
 
 
 @pytest.mark.parametrize("key", sorted(SIDECAR_ONLY))
-def test_a_sidecar_only_setting_is_refused_rather_than_ignored(key: str) -> None:
-    value = {"event_loop": "uvloop", "preserve_host": True}.get(key, "1s")
-    with pytest.raises(ConfigError, match=f"^{key}: a sidecar-only setting"):
+def test_a_sidecar_only_setting_is_accepted_with_a_warning_not_ignored_silently(
+    key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    value = {
+        "event_loop": "uvloop",
+        "preserve_host": True,
+        "readiness_check_upstream": True,
+        "upstream": "http://127.0.0.1:1",
+        "upstream_ca_bundle": __file__,  # any readable file passes the check
+        "listen": "127.0.0.1:1",
+        "admin_listen": "127.0.0.1:2",
+    }.get(key, "1s" if "timeout" in key or key.endswith("_after") else 1000)
+    with caplog.at_level("WARNING", logger="streamwarden.middleware"):
         StreamWardenMiddleware(FastAPI(), **{key: value})
+    assert f"{key}: a sidecar-only setting" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="streamwarden.middleware"):
+        StreamWardenMiddleware(FastAPI(), keepalive_interval="5s")
+    assert "sidecar-only" not in caplog.text
 
 
 def test_every_other_setting_is_one_the_middleware_uses() -> None:

@@ -47,8 +47,8 @@ class ConfigError(ValueError):
 
 #: Settings only the sidecar reads: the listeners, the upstream connection,
 #: the HTTP parser's limits, the drain and the event loop are the server's
-#: in an ASGI app. The middleware refuses them as options rather than
-#: silently doing nothing with them.
+#: in an ASGI app. The middleware accepts them (one file can configure both
+#: faces) and logs a warning for each one it is given as an option.
 SIDECAR_ONLY = frozenset(
     {
         "listen",

@@ -33,7 +33,8 @@ Where it diverges from the sidecar, and why:
 - Drain on shutdown is the server's: a request the server cancels gets the
   ``shutting_down`` error event if its client can still hear it.
 - The sidecar's own settings (listeners, upstream connection, parser
-  limits, drain, event loop, ``early_headers_after``) are refused as options
+  limits, drain, event loop, ``early_headers_after``) do nothing here; each
+  one given as an option logs a warning
   (:data:`streamwarden.config.SIDECAR_ONLY`). ``max_concurrent_streams``
   works as in the sidecar: to look for ``"stream": true`` the middleware
   reads the first body message before the app runs, and hands it on.

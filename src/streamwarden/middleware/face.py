@@ -17,13 +17,16 @@ and the endpoint renders the metrics of whichever instance it finds there.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
-from streamwarden.config import SIDECAR_ONLY, ConfigError, load_settings
+from streamwarden.config import SIDECAR_ONLY, load_settings
 from streamwarden.logs import stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Receive, Scope, Send
 from streamwarden.middleware.responder import FaceContext, StreamResponder, Streams
+
+log = logging.getLogger("streamwarden.middleware")
 
 __all__ = ["SCOPE_KEY", "MetricsEndpoint", "StreamWardenMiddleware", "mount_metrics"]
 
@@ -43,12 +46,11 @@ class StreamWardenMiddleware:
     # match Starlette's add_middleware factory protocol only that way.
     def __init__(self, app: ASGIApp, /, **options: Any) -> None:
         self.app = app
-        misplaced = sorted(SIDECAR_ONLY.intersection(options))
-        if misplaced:
-            raise ConfigError(
-                f"{misplaced[0]}: a sidecar-only setting; StreamWardenMiddleware does not use it"
-            )
         self.settings = load_settings(overrides=options)
+        # Every key is accepted (one config model, one file for both faces),
+        # but one that would do nothing here is said so, once, not ignored.
+        for key in sorted(SIDECAR_ONLY.intersection(options)):
+            log.warning("%s: a sidecar-only setting; StreamWardenMiddleware does not use it", key)
         #: Streams in flight and the recently finished ones.
         self.streams = Streams()
         self.metrics = StreamMetrics(active=lambda: self.streams.active)
