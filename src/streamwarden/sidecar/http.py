@@ -1,4 +1,4 @@
-"""The proxy listener's HTTP connection handling: precise refusals and a header deadline.
+"""The proxy listener's HTTP connections: precise refusals, a header deadline, and hooks.
 
 aiohttp answers every malformed request with a 400 and logs the offending
 bytes (which can hold a bearer token) with a traceback. A proxy owes its
@@ -12,11 +12,20 @@ clients and operators better:
   memory forever. Bodies are not affected: a slow upload is the upstream's
   to judge, and it streams through.
 
-aiohttp offers no hook for either, so this module subclasses its
+Two more things the proxy needs from each connection and aiohttp does not
+expose: a callback the moment the client leaves (:func:`on_client_gone`,
+so the upstream hears of it first), and whether the client's transport is
+over its high-water mark, with a way to wait until it is not
+(:func:`writing_paused`, :func:`wait_writable`; the relay in
+``sidecar/direct.py`` writes to the transport itself).
+
+aiohttp offers no hook for any of these, so this module subclasses its
 per-connection ``RequestHandler`` and makes the runner's ``Server`` build
 those. It relies on two attributes of ``RequestHandler`` (the count of
 parsed requests and the request being handled), both present since aiohttp
-3.8; the tests in ``tests/test_hostile_input.py`` fail loudly if they change.
+3.8, and on its protocol's ``_drain_helper``; the tests in
+``tests/test_hostile_input.py`` and ``tests/test_faults.py`` fail loudly if
+they change.
 """
 
 from __future__ import annotations
