@@ -594,6 +594,38 @@ async def test_a_server_shutdown_ends_the_stream_with_an_error_event() -> None:
     assert app.streams.finished[0].meter.end_state == "shutdown"
 
 
+async def test_a_client_leaving_during_the_server_shutdown_stops_the_app_at_once() -> None:
+    """The graceful timeout is 5 s; the client's leaving, not the timeout, ends the app."""
+    app = StreamWardenMiddleware(raw_app, keepalive_interval=0.2)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="critical", lifespan="off",
+        timeout_graceful_shutdown=5,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(10):
+        while not server.started:
+            await asyncio.sleep(0.005)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"GET /silent HTTP/1.1\r\nHost: x\r\n\r\n")
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    received = b""
+    async with asyncio.timeout(5):
+        while b"data: first" not in received:
+            received += await loop.sock_recv(sock, 4096)
+    server.should_exit = True  # the server starts its graceful shutdown
+    await asyncio.sleep(0.2)
+    assert not task.done()  # the open stream holds the shutdown
+    sock.close()  # the client leaves during it
+    left = time.monotonic()
+    await asyncio.wait_for(task, 3)
+    assert time.monotonic() - left < 1.0  # not the 5 s graceful timeout
+    [record] = app.streams.finished
+    assert record.meter.end_state == "client_cancelled"
+
+
 async def test_a_background_task_after_the_stream_is_left_alone() -> None:
     done = asyncio.Event()
 
