@@ -9,6 +9,8 @@ for a change, never the change itself: the product code stays as it is.
 
 - ``no-gap-metrics``: no Prometheus histogram observation per content
   event (the inter-token gap); shows what that observation costs.
+- ``no-batch``: the direct relay writes each HTTP chunk's events at once
+  instead of one write per upstream read; shows what batching is worth.
 - ``body-bytes``: a request body with a known, small length (up to 1 MiB)
   is read whole and sent upstream with its ``Content-Length`` in one write,
   instead of through an async generator as a chunked upload.
@@ -70,7 +72,20 @@ def _body_bytes() -> None:
     proxy_module.Proxy._open = _open  # type: ignore[method-assign]
 
 
+def _no_batch() -> None:
+    from streamwarden.sidecar import direct
+
+    def gather(self: Any, out: bytes) -> None:
+        if out:
+            self._write(out)
+        if self.relay.done:
+            self._wake()
+
+    direct._Sink._gather = gather  # type: ignore[method-assign]
+
+
 PATCHES: dict[str, Callable[[], None]] = {
+    "no-batch": _no_batch,
     "body-bytes": _body_bytes,
     "no-gap-metrics": _no_gap_metrics,
 }

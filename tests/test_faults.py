@@ -366,3 +366,54 @@ async def test_an_http_1_0_client_gets_the_whole_stream_ended_by_the_close(
     data = [event.data for event in decoder.feed(body) + decoder.close()]
     assert data[-1] == "[DONE]" and len(data) >= 50
     assert sidecar.tracker.finished[-1].meter.end_state == "completed"
+
+
+async def test_events_from_one_upstream_read_leave_in_one_write(
+    start_sidecar: StartSidecar,
+) -> None:
+    """Three events the upstream sends as three HTTP chunks in one write arrive as one chunk."""
+    first = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    events = [b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i for i in range(3)]
+    burst = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events)
+    burst_now, done_now = asyncio.Event(), asyncio.Event()
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.read(16)  # the small JSON body
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n" % (len(first), first)
+        )
+        await burst_now.wait()
+        writer.write(burst)  # one write, three chunks
+        await done_now.wait()
+        done = b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(done), done))
+        await writer.drain()
+        writer.close()
+
+    server, url = await raw_upstream(upstream)
+    sidecar = await start_sidecar(url)
+    sock = await _raw_stream_request(sidecar.proxy_port, {}, "1.1")
+    loop = asyncio.get_running_loop()
+
+    async def receive_until(end: bytes) -> bytes:
+        received = b""
+        async with asyncio.timeout(5):
+            while not received.endswith(end):
+                received += await loop.sock_recv(sock, 65536)
+        return received
+
+    try:
+        head = await receive_until(b'"a"}}]}\n\n\r\n')  # the stream is under way
+        burst_now.set()
+        chunks = await receive_until(b'"2"}}]}\n\n\r\n')
+        done_now.set()
+        tail = await _read_until_last_chunk(sock)
+    finally:
+        sock.close()
+        server.close()
+    size, _, rest = chunks.partition(b"\r\n")
+    assert rest[: int(size, 16)] == b"".join(events)  # one HTTP chunk: one write
+    _, data = _events_of_chunked(head + chunks + tail)
+    assert data == [e[len(b"data: ") : -2].decode() for e in (first, *events)] + ["[DONE]"]
