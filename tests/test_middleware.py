@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from middleware_apps import FINALLY_DIR_ENV, raw_app
+from middleware_apps import serve_in_process as serve
 from streamwarden.config import ConfigError
 from streamwarden.middleware import StreamWardenMiddleware, mount_metrics
 from streamwarden.mock import MockServer
@@ -59,35 +60,6 @@ def chunk(body: bytes, more: bool = True) -> dict[str, Any]:
 
 
 # -- a real server, in this process ---------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[str]:
-    """Run ``app`` under uvicorn on a free loopback port; yield its base URL."""
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        log_level="critical",
-        lifespan="off",
-        timeout_graceful_shutdown=1,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.005)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        try:
-            await asyncio.wait_for(task, 10)
-        except TimeoutError:
-            task.cancel()
 
 
 class Captured(logging.Handler):

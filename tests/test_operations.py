@@ -32,6 +32,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def run_command(upstream: str, port: int, *flags: str) -> list[str]:
+    """``streamwarden run`` in a subprocess, listening on loopback ``port``."""
+    return [
+        *(sys.executable, "-m", "streamwarden.cli", "run", "--upstream", upstream),
+        *("--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}"),
+        *flags,
+    ]
+
+
 async def read_stream(url: str, headers: dict[str, str]) -> bytes:
     async with aiohttp.ClientSession() as session:
         async with session.post(url, headers=headers, json={"stream": True}) as response:
@@ -186,21 +195,7 @@ async def test_a_second_signal_ends_the_process_at_once(
 
 async def test_startup_takes_under_a_second(mock: MockServer, tmp_path: Path) -> None:
     port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamwarden.cli",
-            "run",
-            "--upstream",
-            mock.url,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--admin-listen",
-            f"127.0.0.1:{free_port()}",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
+    process = subprocess.Popen(run_command(mock.url, port), stderr=subprocess.DEVNULL)
     try:
         assert await wait_port(port) < 1.0
     finally:
@@ -364,21 +359,7 @@ async def test_the_event_loop_is_uvloop_when_installed_unless_configured(
     pytest.importorskip("uvloop")
     port = free_port()
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamwarden.cli",
-            "run",
-            "--upstream",
-            mock.url,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--admin-listen",
-            f"127.0.0.1:{free_port()}",
-            "--log-format",
-            "text",
-            *flags,
-        ],
+        run_command(mock.url, port, "--log-format", "text", *flags),
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **env},
