@@ -20,6 +20,7 @@ from aiohttp import web
 from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
 from streamwarden.sse import SSEDecoder
+from waiting import wait_for, wait_until_settled
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
@@ -314,15 +315,15 @@ async def test_an_upstream_much_faster_than_a_paused_client_is_held_back_and_los
     headers = {**FAST, "x-mock-tokens": str(tokens), "x-mock-request-id": "flood"}
     sock = await _raw_stream_request(sidecar.proxy_port, headers, "1.1")
     try:
-        await asyncio.sleep(1.5)  # the client reads nothing: the buffers between fill up
+        # The client reads nothing: the buffers between fill up, and then
+        # the upstream (which writes over 20,000 tokens a second when it
+        # can) gets no further. However long filling takes on a busy
+        # machine, the mock's count must stop growing well short of the end.
+        await wait_for(lambda: mock.stats.get("flood") is not None, what="the mock saw the request")
         record = mock.stats.get("flood")
         assert record is not None
-        filled = record.tokens_generated
-        await asyncio.sleep(0.5)  # and then the upstream gets no further
-        held = record.tokens_generated
-        # The mock writes over 20,000 tokens a second when it can.
-        assert held - filled < 1000, (filled, held)
-        assert held < tokens // 2 and not record.ended
+        held = await wait_until_settled(lambda: record.tokens_generated, quiet=0.5, timeout=30)
+        assert held < tokens // 2 and not record.ended, held
         raw = await _read_until_last_chunk(sock)
     finally:
         sock.close()
