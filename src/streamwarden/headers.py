@@ -23,6 +23,7 @@ __all__ = [
     "drop_hop_by_hop",
     "merge_cache_control",
     "redact",
+    "redact_url",
     "stream_response_headers",
 ]
 
@@ -104,3 +105,14 @@ def redact(headers: Pairs, extra: Iterable[str] = ()) -> dict[str, str]:
     """Headers for a log line, with secret values replaced."""
     secret = SECRET_HEADERS | {name.lower() for name in extra}
     return {name: ("[redacted]" if name.lower() in secret else value) for name, value in headers}
+
+
+def redact_url(url: str) -> str:
+    """``url`` for a log line: no userinfo (passwords), no query (``?key=`` API keys)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url.split("?", 1)[0]
+    authority, slash, path = rest.partition("/")
+    host = authority.rpartition("@")[2]
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    return f"{scheme}://{host}{slash}{path}"

@@ -23,13 +23,13 @@ already delivered is complete whatever happens afterwards.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stream_framing
 from streamwarden.meter import EndState, GapObserver, StreamMeter
+from streamwarden.refusals import refusal_body
 from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
@@ -48,13 +48,6 @@ class ErrorCode(StrEnum):
     DURATION_EXCEEDED = "duration_exceeded"
     EVENT_TOO_LARGE = "event_too_large"
     SHUTTING_DOWN = "shutting_down"
-
-
-def refusal_body(code: str, message: str) -> bytes:
-    """The small JSON body of an error a face answers itself, instead of the upstream's."""
-    return json.dumps(
-        {"error": {"code": code, "message": f"streamwarden: {message}"}}, separators=(",", ":")
-    ).encode()
 
 
 # What each code means for the stream's end state, and what the client is told.
@@ -100,6 +93,7 @@ class Relay:
     __slots__ = (
         "_client_gone",
         "_dialect",
+        "_drain_deadline",
         "_framer",
         "_framing",
         "_last_upstream",
@@ -121,12 +115,17 @@ class Relay:
         headers: Mapping[str, str],
         dialect: str = "auto",
         gap_observer: GapObserver | None = None,
+        framing: Framing | None = None,
     ) -> None:
         self._limits = limits
-        detection = detect(dialect, path=path, content_type=content_type, headers=headers)
+        # The faces pass the framing their stream plan decided (it knows the
+        # configured extra media types); on its own the relay works it out.
+        self._framing: Framing = framing or stream_framing(content_type, headers) or "sse"
+        detection = detect(
+            dialect, path=path, content_type=content_type, headers=headers, framing=self._framing
+        )
         self._dialect: Dialect = detection.dialect
         self._provisional = detection.provisional
-        self._framing: Framing = stream_framing(content_type, headers) or "sse"
         self._framer: SSEFramer | LineFramer = (
             SSEFramer(limits.max_event_bytes)
             if self._framing == "sse"
@@ -138,6 +137,7 @@ class Relay:
         self._last_upstream = now
         self._terminal_seen = False
         self._client_gone = False
+        self._drain_deadline: float | None = None
 
     # -- state ---------------------------------------------------------------
 
@@ -176,6 +176,8 @@ class Relay:
             times.append(self._last_upstream + limits.upstream_idle_timeout)
         if limits.keepalive_interval > 0 and self._framing == "sse":
             times.append(self._last_write + limits.keepalive_interval)
+        if self._drain_deadline is not None:
+            times.append(self._drain_deadline)
         return min(times) if times else None
 
     # -- inputs --------------------------------------------------------------
@@ -238,6 +240,16 @@ class Relay:
         self._client_gone = True
         self.meter.end(EndState.CLIENT_TOO_SLOW, now)
 
+    def drain_by(self, deadline: float) -> None:
+        """The process is draining: the stream may run on until ``deadline``, no longer.
+
+        ``poll`` at or after it ends the stream with ``shutting_down`` (unless
+        its answer was already whole). The one deadline that can move
+        sooner: the face must wake its timer after calling this.
+        """
+        if self._drain_deadline is None or deadline < self._drain_deadline:
+            self._drain_deadline = deadline
+
     def shutdown(self, now: float) -> bytes:
         """The process is draining and its grace period ran out."""
         if self.done:
@@ -245,9 +257,11 @@ class Relay:
         return self._end_or_fail(ErrorCode.SHUTTING_DOWN, now)
 
     def poll(self, now: float) -> bytes:
-        """Run the timers: stream duration, upstream idle timeout, keep-alive."""
+        """Run the timers: drain, stream duration, upstream idle timeout, keep-alive."""
         if self.done:
             return b""
+        if self._drain_deadline is not None and now >= self._drain_deadline:
+            return self._end_or_fail(ErrorCode.SHUTTING_DOWN, now)
         limits = self._limits
         if limits.max_stream_duration > 0 and (
             now >= self.meter.started_at + limits.max_stream_duration

@@ -126,9 +126,10 @@ def detect(
     path: str,
     content_type: str | None,
     headers: Mapping[str, str],
+    framing: Framing | None = None,
 ) -> Detection:
     """Choose the dialect of a stream from the setting, the response headers and the path."""
-    framing = stream_framing(content_type, headers) or "sse"
+    framing = framing or stream_framing(content_type, headers) or "sse"
     if (
         setting == "vercel-ai"
         or DATA_STREAM_HEADER in headers
