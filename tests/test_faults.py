@@ -256,7 +256,9 @@ async def test_client_leaving_at_every_point_of_a_stream(
     gc.collect()
     states = {str(r.meter.end_state) for r in sidecar.tracker.finished}
     assert states <= {"completed", "client_cancelled"}
-    idle = sum(len(c) for c in sidecar.proxy.session.connector._conns.values())  # type: ignore[union-attr]
+    pool = sidecar.proxy.pool
+    assert pool is not None and not pool.busy
+    idle = pool.idle_count
     assert len(asyncio.all_tasks()) <= tasks_before + idle + 2
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 2 * idle + 4
 

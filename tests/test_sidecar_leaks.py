@@ -94,12 +94,12 @@ async def test_a_thousand_mixed_streams_leave_no_task_connection_or_fd_behind(
     assert states["upstream_error"] > 20
     assert not sidecar.tracker.active
     # Every upstream connection was closed or returned to the pool.
-    connector_stats = sidecar.proxy.session.connector
-    assert connector_stats is not None
-    assert len(connector_stats._acquired) == 0  # type: ignore[attr-defined]
+    pool = sidecar.proxy.pool
+    assert pool is not None
+    assert not pool.busy
     # Idle keep-alive connections in the pool are not leaks: each holds a
     # socket at both ends (both in this process) and a handler task in the mock.
-    idle = sum(len(c) for c in connector_stats._conns.values())  # type: ignore[attr-defined]
+    idle = pool.idle_count
     assert idle <= 40
     assert len(asyncio.all_tasks()) <= tasks_before + idle + 2, asyncio.all_tasks()
     assert open_fds() <= fds_before + 2 * idle + 10, (fds_before, open_fds(), idle)

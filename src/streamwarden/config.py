@@ -59,6 +59,8 @@ SIDECAR_ONLY = frozenset(
         "readiness_check_upstream",
         "upstream_connect_timeout",
         "upstream_headers_timeout",
+        "upstream_pool_size",
+        "upstream_keepalive_timeout",
         "max_request_body_bytes",
         "max_request_line_bytes",
         "max_header_bytes",
@@ -204,6 +206,10 @@ class Settings(BaseModel):
     readiness_check_upstream: bool = False
     #: Time to connect to the upstream.
     upstream_connect_timeout: Duration = 10.0
+    #: Idle upstream connections kept for reuse, at most.
+    upstream_pool_size: int = Field(default=256, ge=0)
+    #: How long an idle upstream connection is kept before it is closed.
+    upstream_keepalive_timeout: Duration = 15.0
     #: Time to wait for the upstream's response headers (0: no limit).
     upstream_headers_timeout: Duration = 0.0
     #: Mid-stream time without any upstream byte before the stream is failed.

@@ -12,12 +12,10 @@ clients and operators better:
   memory forever. Bodies are not affected: a slow upload is the upstream's
   to judge, and it streams through.
 
-Two more things the proxy needs from each connection and aiohttp does not
-expose: a callback the moment the client leaves (:func:`on_client_gone`,
-so the upstream hears of it first), and whether the client's transport is
-over its high-water mark, with a way to wait until it is not
-(:func:`writing_paused`, :func:`wait_writable`; the relay in
-``sidecar/direct.py`` writes to the transport itself).
+What the stream driver needs from each client connection, and aiohttp does
+not expose, is :class:`ClientChannel`: a callback the moment the client
+leaves (so the upstream hears of it first), whether the client's transport
+is over its high-water mark, and a way to wait until it is not.
 
 aiohttp offers no hook for any of these, so this module subclasses its
 per-connection ``RequestHandler`` and makes the runner's ``Server`` build
@@ -40,7 +38,7 @@ from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["CLIENT_GONE", "GuardedAppRunner", "on_client_gone", "wait_writable", "writing_paused"]
+__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner"]
 
 #: How a write to a client that has gone surfaces.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
@@ -132,38 +130,56 @@ class _GuardedRequestHandler(RequestHandler):
         return response
 
 
-def on_client_gone(request: web.BaseRequest, callback: Callable[[], object] | None) -> None:
-    """Run ``callback`` the moment ``request``'s client closes its connection (``None``: stop).
+class ClientChannel:
+    """The client's side of one response once its head is sent: writes, flow, departure.
 
-    aiohttp answers a client that leaves by cancelling the request's
-    handler; the cancellation reaches the code that closes the upstream
-    three or four event-loop turns later, with the coroutine stack to
-    unwind between. A callback here runs in the callback that read the
-    client's FIN or reset, so the upstream can be told first (the handler
-    still runs its cleanup as before). Requests served by other handlers
-    (tests that build a plain aiohttp app) just do without.
+    The stream driver writes to the client's transport itself (one write per
+    upstream read, chunk-framed when the response is chunked) instead of
+    awaiting ``StreamResponse.write`` per piece; aiohttp's writer still
+    sends the head before and the chunked terminator after. Three things it
+    needs from aiohttp's connection, which aiohttp does not expose, live
+    here: a callback the moment the client leaves (in the callback that read
+    its FIN or reset, three or four loop turns before aiohttp's handler
+    cancellation lands), whether the transport is over its high-water mark,
+    and a wait until it is not (the protocol's drain).
     """
-    protocol = request.protocol
-    if isinstance(protocol, _GuardedRequestHandler):
-        protocol.on_client_gone = callback
 
+    __slots__ = ("_protocol", "_transport", "chunked")
 
-def writing_paused(request: web.BaseRequest) -> bool | None:
-    """Whether the client's transport is over its high-water mark (``None``: cannot tell)."""
-    protocol = request.protocol
-    return protocol.writing_paused if isinstance(protocol, _GuardedRequestHandler) else None
+    def __init__(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
+        protocol = request.protocol
+        transport = request.transport
+        if not isinstance(protocol, _GuardedRequestHandler) or transport is None:
+            raise RuntimeError("the proxy runs only behind GuardedAppRunner's connections")
+        self._protocol = protocol
+        self._transport = transport
+        #: aiohttp chose chunked framing for this response (HTTP/1.1, no length).
+        self.chunked = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
 
+    def write(self, data: bytes) -> None:
+        transport = self._transport
+        if data and not transport.is_closing():
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
 
-async def wait_writable(request: web.BaseRequest) -> None:
-    """Until the client's transport is back under its low-water mark.
+    @property
+    def congested(self) -> bool:
+        """The transport is over its high-water mark: stop producing until ``writable``."""
+        return self._protocol.writing_paused
 
-    Raises ``ClientConnectionResetError`` if the client is gone. (The
-    protocol's drain is what ``StreamResponse.write`` awaits, without a
-    public name of its own.)
-    """
-    protocol = request.protocol
-    if isinstance(protocol, _GuardedRequestHandler):
-        await protocol._drain_helper()
+    @property
+    def closed(self) -> bool:
+        return self._transport.is_closing()
+
+    async def writable(self) -> None:
+        """Until the transport is back under its low-water mark (raises if the client left)."""
+        await self._protocol._drain_helper()
+
+    def on_gone(self, callback: Callable[[], object] | None) -> None:
+        """Run ``callback`` once, the moment the client closes or resets (``None``: stop)."""
+        self._protocol.on_client_gone = callback
+
+    def abort(self) -> None:
+        self._transport.abort()
 
 
 _HEADER_PARSING = ("cb_on_header_field", "cb_on_header_value")

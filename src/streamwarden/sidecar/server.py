@@ -5,7 +5,7 @@ routes of its own, so ``/metrics`` there goes to the upstream like any other
 path) and the admin port serves ``/metrics``, ``/healthz`` and ``/readyz``
 and never proxies.
 
-Drain (on SIGTERM or :meth:`Sidecar.drain`): ``/readyz`` answers 503 at
+Drain (on SIGTERM, SIGINT or SIGHUP, or :meth:`Sidecar.drain`): ``/readyz`` answers 503 at
 once, the proxy listener stops accepting connections, streams in flight run
 on for up to ``drain_timeout``; those still open then get the dialect's
 ``shutting_down`` error event and a clean end, and their upstreams are
@@ -24,6 +24,7 @@ from aiohttp import web
 from yarl import URL
 
 from streamwarden.config import Settings
+from streamwarden.headers import redact_url
 from streamwarden.logs import stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.sidecar.http import GuardedAppRunner
@@ -127,14 +128,12 @@ class Sidecar:
         if self._proxy_site is not None:
             await self._proxy_site.stop()
         timeout = self.settings.drain_timeout
+        loop = asyncio.get_running_loop()
+        # Each stream's relay ends it with shutting_down once this passes
+        # (streams that open meanwhile, on kept-alive connections, too).
+        self.tracker.drain_by(loop.time() + (timeout if timeout > 0 else 0.0))
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout if timeout > 0 else None):
-                await self.tracker.wait_idle()
-        for stream in list(self.tracker.active):
-            stream.draining = True
-            stream.wake()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_FINAL_WRITE_GRACE):
+            async with asyncio.timeout(max(timeout, 0.0) + _FINAL_WRITE_GRACE):
                 await self.tracker.wait_idle()
 
     async def close(self) -> None:
@@ -212,13 +211,17 @@ async def run_sidecar(settings: Settings) -> int:
             os._exit(0)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP too: a terminal that closes, or a supervisor's reload signal,
+    # must not kill the process with streams cut mid-event. Reloading the
+    # config in place is not done: listeners, pool and limits are fixed at
+    # start, so a restart (drained) is the honest way to apply a new one.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
     log.info(
         "streamwarden listening on %s (admin %s), upstream %s, event loop %s",
         settings.listen,
         settings.admin_listen,
-        settings.upstream,
+        redact_url(settings.upstream or ""),
         type(loop).__module__.partition(".")[0],  # asyncio or uvloop
     )
     await stop.wait()

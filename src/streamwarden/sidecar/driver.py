@@ -1,0 +1,441 @@
+"""The one driver of every streamed response, and the copier of every other body.
+
+Each upstream read is handled inside the upstream connection's
+``data_received``: the parser hands the body to :class:`StreamDriver` (a
+:class:`~streamwarden.sidecar.upstream.BodySink`), which inflates it if it
+is compressed, feeds it to the stream's :class:`~streamwarden.relay.Relay`
+and writes whatever whole events that read completed to the client in one
+write. No queue, no task wake-up per event. The stream's task only does
+what only a task can: wait for the relay's next deadline (keep-alive, idle
+timeout, duration, drain, all of them the relay's), for a congested client
+(bounded by ``client_write_timeout``), and, with early headers, for the
+upstream's response head.
+
+Two bounds hold whatever the upstream sends:
+
+- **Work per loop turn.** At most ``TURN_BUDGET`` bytes (inflated) reach the
+  relay per upstream read or per turn of the task; the rest waits, with the
+  upstream paused, for the task's next turn. One upstream flooding tiny
+  events (or a decompression bomb) cannot hold the event loop, so other
+  streams and the admin port keep their latency.
+- **Memory.** The inflater yields at most one budget per step and keeps the
+  compressed input it has not consumed; a congested client pauses the
+  upstream and the inflation alike. What the relay holds is bounded by
+  ``max_event_bytes``.
+
+:class:`PassThrough` copies a body that is not a stream, byte for byte, with
+the same flow control and ``client_write_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from streamwarden.inflate import InflateError, Inflater
+from streamwarden.plan import StreamPlan
+from streamwarden.relay import ErrorCode, Relay
+from streamwarden.sidecar.http import ClientChannel
+from streamwarden.sidecar.streams import ActiveStream
+from streamwarden.sidecar.upstream import (
+    Exchange,
+    HeadTimeout,
+    ResponseHead,
+    UpstreamError,
+    UpstreamUnreachable,
+)
+
+__all__ = ["TURN_BUDGET", "PassThrough", "StreamDriver"]
+
+#: Most bytes handed to the relay per upstream read or task turn. 16 KiB of
+#: the smallest events is about 2,000 events, a few milliseconds of work.
+TURN_BUDGET = 16 * 1024
+
+
+class _Conduit:
+    """What both bodies share: output gathered per read, client flow control."""
+
+    def __init__(self, channel: ClientChannel, write_timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._channel = channel
+        self._write_timeout = write_timeout
+        self._exchange: Exchange | None = None
+        self._pending: list[bytes] = []
+        self._waiter: asyncio.Future[None] | None = None
+        #: The client's transport passed its high-water mark: upstream paused.
+        self._congested = False
+        #: Something the task must act on (end, error, backlog) happened.
+        self._error: BaseException | None = None
+
+    # -- output --------------------------------------------------------------
+
+    def _gather(self, out: bytes) -> None:
+        if out:
+            self._pending.append(out)
+
+    def flush(self) -> None:
+        """Write what this read (or turn) produced, in one write."""
+        pending = self._pending
+        if not pending:
+            return
+        out = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        channel = self._channel
+        channel.write(out)
+        if not self._congested and channel.congested:
+            self._congested = True
+            self._pause_upstream()
+            self._wake()
+
+    # -- the task's side -----------------------------------------------------
+
+    async def _sleep(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait_for_client(self) -> bool:
+        """Until the congested client takes our bytes; ``False`` if it was too slow."""
+        try:
+            async with asyncio.timeout(self._write_timeout or None):
+                await self._channel.writable()
+        except TimeoutError:
+            return False
+        self._congested = False
+        return True
+
+    def _pause_upstream(self) -> None:
+        if self._exchange is not None:
+            self._exchange.connection.pause_reading()
+
+    def _resume_upstream(self) -> None:
+        if self._exchange is not None:
+            self._exchange.connection.resume_reading()
+
+    def _wrap(self, exc: Exception) -> None:
+        # A bug in a callback must surface in the task, not inside asyncio's
+        # protocol machinery (where it would only be logged).
+        self._error = exc
+        self._wake()
+
+
+class StreamDriver(_Conduit):
+    """Drives one streamed response from upstream bytes to client writes."""
+
+    def __init__(
+        self,
+        channel: ClientChannel,
+        stream: ActiveStream,
+        plan: StreamPlan,
+        write_timeout: float,
+    ) -> None:
+        super().__init__(channel, write_timeout)
+        self.stream = stream
+        self.relay: Relay = stream.relay
+        self._inflater = Inflater(plan.encoding) if plan.decoded else None
+        #: Raw (identity) body bytes waiting for a later turn.
+        self._backlog: deque[bytes] = deque()
+        #: Bytes handed to the relay in this read or turn.
+        self._spent = 0
+        #: The body's end (True) or break, held until the backlog is through.
+        self._ending: UpstreamError | bool = False
+
+    # -- from the upstream connection (BodySink) ------------------------------
+
+    def body(self, chunk: bytes) -> None:
+        try:
+            if self._inflater is not None:
+                self._inflater.feed(chunk)
+                if not self._congested:
+                    self._inflate()
+            elif self._backlog or self._congested:
+                self._backlog.append(chunk)
+            else:
+                self._take(chunk)
+        except Exception as exc:
+            self._wrap(exc)
+
+    def read_done(self) -> None:
+        self._spent = 0
+        if self._has_backlog():
+            self._pause_upstream()
+            self._wake()
+        self.flush()
+
+    def body_end(self) -> None:
+        self._ending = True
+        self._settle()
+
+    def body_broken(self, error: UpstreamError) -> None:
+        self._ending = error
+        self._settle()
+
+    # -- the client's side ---------------------------------------------------
+
+    def client_gone(self) -> None:
+        """The client closed or reset: end the stream, tell the upstream now."""
+        relay = self.relay
+        if relay.done:
+            return  # ended on its own; the usual cleanup decides the connection
+        noticed = self._loop.time()
+        relay.client_gone(noticed)
+        if self._exchange is not None:
+            self._exchange.connection.hang_up()
+        relay.meter.cancel_propagation = self._loop.time() - noticed
+        self._wake()
+
+    # -- the task ------------------------------------------------------------
+
+    async def run(self, exchange: Exchange) -> None:
+        """Relay the body of ``exchange`` until the stream ends (the head is sent)."""
+        self._exchange = exchange
+        exchange.attach(self)
+        self.flush()
+        await self._drive()
+
+    async def run_early(
+        self,
+        opening: asyncio.Future[Exchange],
+        refuse: Callable[[ResponseHead], str | None],
+    ) -> None:
+        """Keep the client alive while the upstream thinks, then relay its stream.
+
+        The client already has ``200 text/event-stream``; an upstream that
+        fails, times out, answers with an error status or with something
+        that is not an event stream becomes an error event (``refuse``
+        says why, or ``None`` to relay it).
+        """
+        relay = self.relay
+        loop = self._loop
+        while not opening.done() and not relay.done:
+            try:
+                async with asyncio.timeout_at(relay.deadline) as timer:
+                    self.stream.timer = timer
+                    await asyncio.wait({opening})  # never cancels the opening itself
+            except TimeoutError:
+                self._gather(relay.poll(loop.time()))
+                self.flush()
+            finally:
+                self.stream.timer = None
+            if self._congested and not await self._wait_for_client():
+                self._too_slow()
+                return
+        if relay.done:
+            opening.cancel()
+            return
+        failure = opening.exception()
+        if failure is not None:
+            if isinstance(failure, HeadTimeout):
+                code, what = ErrorCode.UPSTREAM_TIMEOUT, "the upstream did not answer in time"
+            elif isinstance(failure, UpstreamError):
+                code, what = ErrorCode.UPSTREAM_ERROR, "the upstream could not be reached"
+                if not isinstance(failure, UpstreamUnreachable):
+                    what = "the upstream broke off before answering"
+            else:
+                raise failure
+            self._gather(relay.upstream_refused(loop.time(), code, what))
+            self.flush()
+            return
+        exchange = opening.result()
+        refusal = refuse(exchange.head)
+        if refusal is not None:
+            exchange.finish()
+            self._gather(relay.upstream_refused(loop.time(), ErrorCode.UPSTREAM_ERROR, refusal))
+            self.flush()
+            return
+        await self.run(exchange)
+
+    async def _drive(self) -> None:
+        relay = self.relay
+        loop = self._loop
+        while not relay.done:
+            if self._error is not None:
+                raise self._error
+            if self._congested:
+                if not await self._wait_for_client():
+                    self._too_slow()
+                    return
+                if self._inflater is not None:
+                    self._inflate()
+                self._settle()
+                self.flush()
+                if not self._congested and not self._has_backlog():
+                    self._resume_upstream()
+                continue
+            if self._has_backlog():
+                # One budget per turn: let every other stream and the admin
+                # port have theirs first.
+                await asyncio.sleep(0)
+                self._spent = 0
+                if self._inflater is not None:
+                    self._inflate()
+                else:
+                    self._take_backlog()
+                self._settle()
+                self.flush()
+                if not self._has_backlog() and not self._congested:
+                    self._resume_upstream()
+                continue
+            try:
+                # Traffic only moves the relay's deadline later, so this one
+                # timer may fire early; poll() then finds nothing due. (A
+                # timer per read cost a sixth of the CPU per event.)
+                async with asyncio.timeout_at(relay.deadline) as timer:
+                    self.stream.timer = timer
+                    await self._sleep()
+            except TimeoutError:
+                self._gather(relay.poll(loop.time()))
+                self.flush()
+            finally:
+                self.stream.timer = None
+        self.flush()
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> None:
+        """After the stream: the connection back to the pool if whole, else closed."""
+        self._channel.on_gone(None)
+        if self._exchange is not None:
+            self._exchange.finish()
+            self._exchange = None
+
+    # -- internals -------------------------------------------------------------
+
+    def _has_backlog(self) -> bool:
+        inflater = self._inflater
+        if inflater is not None:
+            return inflater.pending
+        return bool(self._backlog)
+
+    def _take(self, chunk: bytes) -> None:
+        """Feed the relay up to this read's budget; keep the rest for later turns."""
+        room = TURN_BUDGET - self._spent
+        if len(chunk) > room:
+            # Ahead of anything queued: this chunk came first (it is either
+            # new with an empty backlog, or the backlog's head).
+            self._backlog.appendleft(chunk[room:])
+            chunk = chunk[:room]
+        self._spent += len(chunk)
+        self._gather(self.relay.feed(chunk, self._loop.time()))
+
+    def _take_backlog(self) -> None:
+        backlog = self._backlog
+        while backlog and self._spent < TURN_BUDGET and not self._congested:
+            self._take(backlog.popleft())
+            if self.relay.done:
+                backlog.clear()
+
+    def _inflate(self) -> None:
+        inflater = self._inflater
+        assert inflater is not None
+        relay = self.relay
+        while inflater.pending and self._spent < TURN_BUDGET:
+            try:
+                out = inflater.take(TURN_BUDGET - self._spent)
+            except InflateError:
+                self._gather(relay.upstream_failed(self._loop.time()))
+                self._ending = False
+                self._backlog.clear()
+                self._discard_inflater()
+                self._wake()
+                return
+            self._spent += len(out)
+            if out:
+                self._gather(relay.feed(out, self._loop.time()))
+            if relay.done:
+                self._discard_inflater()
+                self._wake()
+                return
+
+    def _discard_inflater(self) -> None:
+        # Nothing more will be inflated for this stream (it ended).
+        self._inflater = None
+
+    def _settle(self) -> None:
+        """Act on the body's end once everything before it went through the relay."""
+        ending = self._ending
+        if ending is False or self._has_backlog():
+            return
+        self._ending = False
+        relay = self.relay
+        now = self._loop.time()
+        if ending is True:
+            self._gather(relay.upstream_eof(now))
+        else:
+            self._gather(relay.upstream_failed(now))
+        self.flush()
+        self._wake()
+
+    def _too_slow(self) -> None:
+        self.relay.client_too_slow(self._loop.time())
+        self._channel.abort()
+        if self._exchange is not None:
+            self._exchange.connection.close()
+
+
+class PassThrough(_Conduit):
+    """Copies a body that is not a stream to the client, byte for byte, flow-controlled."""
+
+    def __init__(self, channel: ClientChannel, exchange: Exchange, write_timeout: float) -> None:
+        super().__init__(channel, write_timeout)
+        self._exchange = exchange
+        #: None while the body runs; True once whole; an error if it broke.
+        self.ended: UpstreamError | bool | None = None
+
+    def body(self, chunk: bytes) -> None:
+        self._gather(chunk)
+
+    def read_done(self) -> None:
+        self.flush()
+
+    def body_end(self) -> None:
+        self.flush()
+        self.ended = True
+        self._wake()
+
+    def body_broken(self, error: UpstreamError) -> None:
+        self.flush()
+        self.ended = error
+        self._wake()
+
+    def client_gone(self) -> None:
+        if self.ended is None and self._exchange is not None:
+            self._exchange.connection.hang_up()
+        self._wake()
+
+    async def run(self) -> bool:
+        """Copy until the body ends; ``True`` if it ended whole (else the client is cut)."""
+        exchange = self._exchange
+        assert exchange is not None
+        exchange.attach(self)
+        self.flush()
+        while self.ended is None:
+            if self._channel.closed:
+                exchange.connection.close()
+                return False
+            if self._congested:
+                if not await self._wait_for_client():
+                    break
+                self._resume_upstream()
+                continue
+            await self._sleep()
+        if self.ended is not True:
+            # A short body must not pass for a whole one: cut the client too.
+            self._channel.abort()
+            exchange.connection.close()
+            return False
+        return True
+
+    def finish(self) -> None:
+        self._channel.on_gone(None)
+        if self._exchange is not None:
+            self._exchange.finish()
+            self._exchange = None

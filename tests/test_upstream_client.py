@@ -1,0 +1,618 @@
+"""The sidecar's own upstream client, against hostile and unusual real servers.
+
+Each upstream here is a real server on loopback: a raw asyncio server where
+the test needs bytes no HTTP library would send (an unsolicited response,
+a bomb, no ``100 Continue``), else aiohttp. Each behaviour first shows the
+problem on a direct connection with aiohttp's client (the one the sidecar
+used before it had its own), then its absence through the sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from streamwarden.sidecar import Sidecar
+from streamwarden.sse import SSEDecoder
+from waiting import wait_for, wait_until_settled
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class RawUpstream:
+    """A raw TCP server: every connection runs ``handler``; counts connections."""
+
+    port: int
+    connections: int = 0
+    server: asyncio.Server | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(handler: Handler) -> AsyncIterator[RawUpstream]:
+    upstream = RawUpstream(0)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            tasks.discard(task)
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    upstream.server = server
+    upstream.port = server.sockets[0].getsockname()[1]
+    try:
+        yield upstream
+    finally:
+        server.close()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request's head and its ``Content-Length`` body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    body = await reader.readexactly(length) if length else b""
+    return head, body
+
+
+def response(body: bytes, content_type: bytes = b"text/plain", extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type + b"\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body
+    )
+
+
+async def get(url: str, **kwargs: object) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, **kwargs) as resp:  # type: ignore[arg-type]
+            return resp.status, await resp.read()
+
+
+# -- a client never receives bytes meant for another -----------------------------
+
+
+def _smuggling_upstream() -> Handler:
+    """Answers each request, then at once writes a second, unsolicited response."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, _ = await read_request(reader)
+            path = head.split(b" ")[1]
+            writer.write(response(b"answer to " + path) + response(b"STRAY"))
+            await writer.drain()
+
+    return handler
+
+
+async def test_a_stray_response_right_after_an_answer_never_reaches_the_next_client(
+    start_sidecar: StartSidecar,
+) -> None:
+    """Two responses to one request, in one write: the second is nobody's answer.
+
+    (aiohttp 3.14's client drops such a connection too; the idle case below
+    is the one it gets wrong.)
+    """
+    async with raw_upstream(_smuggling_upstream()) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        answers = [(await get(f"{sidecar.proxy_url}/req{i}"))[1] for i in range(5)]
+        assert answers == [f"answer to /req{i}".encode() for i in range(5)]
+        assert upstream.connections == 5  # each poisoned connection was dropped
+
+
+async def test_an_idle_pooled_connection_that_receives_bytes_is_closed_not_reused(
+    start_sidecar: StartSidecar,
+) -> None:
+    stray = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await read_request(reader)
+        writer.write(response(b"answer to " + head.split(b" ")[1]))
+        await writer.drain()
+        await stray.wait()  # the test says when the connection is idle in the pool
+        writer.write(response(b"STRAY"))
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            head, _ = await read_request(reader)  # a poisoned pool would send here
+            writer.write(response(b"answer to " + head.split(b" ")[1]))
+            await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        # Without streamwarden: the stray bytes wait in aiohttp's pooled
+        # connection and become the next request's answer.
+        async with aiohttp.ClientSession() as session:
+            async with session.get(upstream.url + "/first") as first:
+                await first.read()
+            connector = session.connector
+            assert connector is not None
+            stray.set()
+            await wait_for(
+                lambda: any(
+                    len(protocol._buffer) > 0  # a parsed response nobody asked for
+                    for conns in connector._conns.values()  # type: ignore[attr-defined]
+                    for protocol, _ in conns
+                ),
+                what="aiohttp buffered the stray response",
+            )
+            async with session.get(upstream.url + "/second") as second:
+                assert await second.read() == b"STRAY"
+
+        stray.clear()
+        sidecar = await start_sidecar(upstream.url)
+        pool = sidecar.proxy.pool
+        assert pool is not None
+        assert (await get(sidecar.proxy_url + "/one"))[1] == b"answer to /one"
+        assert pool.idle_count == 1
+        stray.set()
+        await wait_for(lambda: pool.idle_count == 0, what="the poisoned connection was closed")
+        assert (await get(sidecar.proxy_url + "/two"))[1] == b"answer to /two"
+
+
+async def test_one_pooled_connection_serves_sequential_requests_and_a_cut_one_never_returns(
+    start_sidecar: StartSidecar,
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, _ = await read_request(reader)
+            path = head.split(b" ")[1]
+            if path == b"/cut":
+                # Promise 100 bytes, send 10, close: the body did not end cleanly.
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+                await writer.drain()
+                return
+            writer.write(response(b"ok " + path))
+            await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        pool = sidecar.proxy.pool
+        assert pool is not None
+        for i in range(5):
+            assert (await get(f"{sidecar.proxy_url}/r{i}"))[1] == f"ok /r{i}".encode()
+        assert upstream.connections == 1 and pool.idle_count == 1
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await get(sidecar.proxy_url + "/cut")  # the client is cut too, not misled
+        await wait_for(lambda: pool.idle_count == 0 and not pool.busy)
+        assert (await get(sidecar.proxy_url + "/after"))[1] == b"ok /after"
+        assert upstream.connections == 2
+
+
+async def test_a_pooled_connection_the_upstream_closed_as_idle_is_retried_on_a_new_one(
+    start_sidecar: StartSidecar,
+) -> None:
+    served: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await read_request(reader)
+        served.append(head.split(b" ")[1])
+        # Keep-alive promised, then closed at once: the race every pool meets
+        # when an upstream's idle timeout is shorter than its own.
+        writer.write(response(b"ok"))
+        await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        pool = sidecar.proxy.pool
+        assert pool is not None
+        assert (await get(sidecar.proxy_url + "/a"))[0] == 200
+        for path in ("/b", "/c"):
+            assert (await get(sidecar.proxy_url + path)) == (200, b"ok")
+        assert served == [b"/a", b"/b", b"/c"]
+
+
+# -- what an upstream may send ----------------------------------------------------
+
+
+async def test_interim_responses_before_the_final_one_are_skipped(
+    start_sidecar: StartSidecar,
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
+            + response(b"final", extra=b"X-Final: yes\r\n")
+        )
+        await writer.drain()
+        await reader.read()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(sidecar.proxy_url + "/x") as resp:
+                assert resp.status == 200
+                assert resp.headers["X-Final"] == "yes"
+                assert await resp.read() == b"final"
+
+
+@pytest.mark.parametrize("status", [204, 304])
+async def test_head_204_and_304_have_no_body_and_the_connection_is_reused(
+    start_sidecar: StartSidecar, status: int
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, _ = await read_request(reader)
+            method, path = head.split(b" ")[:2]
+            if method == b"HEAD":
+                # The length of the body a GET would get, and no body.
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n")
+            elif path == b"/empty":
+                writer.write(f"HTTP/1.1 {status} Whatever\r\nETag: x\r\n\r\n".encode())
+            else:
+                writer.write(response(b"body"))
+            await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        async with aiohttp.ClientSession() as session:
+            async with session.head(sidecar.proxy_url + "/h") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Length"] == "5000"
+            for _ in range(3):
+                async with session.get(sidecar.proxy_url + "/empty") as resp:
+                    assert resp.status == status
+                    assert await resp.read() == b""
+            async with session.get(sidecar.proxy_url + "/after") as resp:
+                assert await resp.read() == b"body"
+        # The HEAD connection is not reused (a parser cannot tell a HEAD
+        # answer's end); the 204/304 ones are.
+        assert upstream.connections == 2
+
+
+async def test_a_response_without_length_is_read_until_the_upstream_closes(
+    start_sidecar: StartSidecar,
+) -> None:
+    payload = os.urandom(300_000)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n")
+        for at in range(0, len(payload), 50_000):
+            writer.write(payload[at : at + 50_000])
+            await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        assert await get(sidecar.proxy_url + "/eof") == (200, payload)
+        pool = sidecar.proxy.pool
+        assert pool is not None
+        assert pool.idle_count == 0  # read to close: nothing to reuse
+
+
+async def test_an_upstream_header_with_a_control_byte_is_a_502_not_a_500(
+    start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nSet-Cookie: session=SECRET\x01x\r\nContent-Length: 2\r\n\r\nok"
+        )
+        await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        status, body = await get(sidecar.proxy_url + "/x?key=APIKEY")
+    assert status == 502
+    assert b"upstream_unreachable" in body
+    assert "SECRET" not in caplog.text and "APIKEY" not in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+# -- uploads ------------------------------------------------------------------------
+
+
+async def test_expect_100_continue_uploads_complete_against_an_upstream_that_never_sends_100(
+    start_sidecar: StartSidecar, tmp_path: Path
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A server that ignores Expect: it never writes 100, it waits for the body.
+        head, body = await read_request(reader)
+        expects = b"expect:" in head.lower()
+        answer = json.dumps({"bytes": len(body), "saw_expect": expects}).encode()
+        writer.write(response(answer, b"application/json"))
+        await writer.drain()
+
+    upload = tmp_path / "upload.bin"
+    upload.write_bytes(os.urandom(3 * 1024 * 1024))
+    async with raw_upstream(handler) as upstream:
+        # Without streamwarden: aiohttp's client, asked to expect 100, holds
+        # the body until a 100 that never comes.
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await session.post(
+                        upstream.url + "/up", data=upload.read_bytes(), expect100=True
+                    )
+
+        sidecar = await start_sidecar(upstream.url)
+        # curl sends Expect: 100-continue for an upload this large.
+        curl = await asyncio.create_subprocess_exec(
+            "curl", "-sS", "--max-time", "20", "-H", "Expect: 100-continue",
+            "--data-binary", f"@{upload}", sidecar.proxy_url + "/up",
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await curl.communicate()
+    assert curl.returncode == 0
+    assert json.loads(out) == {"bytes": upload.stat().st_size, "saw_expect": False}
+
+
+# -- a client that never reads ----------------------------------------------------
+
+
+async def test_a_client_that_never_reads_a_huge_json_response_is_cut_and_the_upstream_closed(
+    start_sidecar: StartSidecar,
+) -> None:
+    block = b'{"pad": "' + b"x" * 65_000 + b'"},\n'
+    written = 0
+    finished = asyncio.Event()
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        nonlocal written
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = 1024**3
+        await resp.prepare(request)
+        try:
+            while written < 1024**3:
+                await resp.write(block)
+                written += len(block)
+        finally:
+            finished.set()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/huge", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+
+    async def stalled_client(target_port: int) -> socket.socket:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", target_port))
+        await asyncio.get_running_loop().sock_sendall(
+            sock, b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        return sock
+
+    try:
+        # Without streamwarden the upstream's write just waits, for ever.
+        direct = await stalled_client(port)
+        stuck_at = await wait_until_settled(lambda: written, quiet=0.5, timeout=30)
+        assert not finished.is_set() and stuck_at < 1024**3
+        direct.close()
+        await asyncio.wait_for(finished.wait(), 10)
+
+        finished.clear()
+        written = 0
+        sidecar = await start_sidecar(f"http://127.0.0.1:{port}", client_write_timeout="300ms")
+        through = await stalled_client(sidecar.proxy_port)
+        try:
+            # The sidecar cuts the client after client_write_timeout and
+            # closes the upstream connection: the upstream's write fails.
+            await asyncio.wait_for(finished.wait(), 20)
+            assert written < 1024**3
+            pool = sidecar.proxy.pool
+            assert pool is not None
+            await wait_for(lambda: not pool.busy and pool.idle_count == 0)
+        finally:
+            through.close()
+    finally:
+        await runner.cleanup()
+
+
+# -- stream_media_types, with and without early headers -------------------------
+
+
+@pytest.mark.parametrize("early", ["0", "50ms"])
+async def test_a_configured_stream_media_type_is_relayed_with_and_without_early_headers(
+    start_sidecar: StartSidecar, early: str
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(0.3)  # the stimulus: a prefill longer than early_headers_after
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.acme-events\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        for data in (b"data: one\n\n", b"data: two\n\n"):
+            writer.write(b"%x\r\n%b\r\n" % (len(data), data))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(
+            upstream.url,
+            stream_media_types=["application/vnd.acme-events"],
+            early_headers_after=early,
+            keepalive_interval="100ms",
+            dialect="generic",
+        )
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                sidecar.proxy_url + "/v1/stream", json={"stream": True}
+            ) as resp:
+                body = await resp.read()
+    decoder = SSEDecoder()
+    events = [e.data for e in decoder.feed(body) + decoder.close()]
+    assert events == ["one", "two"], body
+    record = sidecar.tracker.finished[-1]
+    assert record.meter.end_state == "completed"
+    if early != "0":
+        assert body.startswith(b": keep-alive\n\n")  # kept alive through the prefill
+
+
+# -- decompression bombs --------------------------------------------------------------
+
+
+def _bomb(encoding: str, shape: str, inflated: int) -> bytes:
+    """A compressed body that inflates to ``inflated`` bytes of one endless event or tiny ones."""
+    if encoding == "gzip":
+        compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    else:
+        compressor = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS)
+    unit = b"a" * 1024 * 1024 if shape == "endless" else b"data: x\n\n" * 116_508
+    parts = [compressor.compress(b"data: " if shape == "endless" else b"")]
+    for _ in range(inflated // len(unit)):
+        parts.append(compressor.compress(unit))
+    parts.append(compressor.flush())
+    return b"".join(parts)
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[tuple[str, str], bytes]:
+    # A quarter to half a megabyte each, inflating to 256 MiB (deflate tops
+    # out near 1:1000): 30 times the event limit, and cheap to build.
+    return {
+        (encoding, shape): _bomb(encoding, shape, 256 * 1024**2)
+        for encoding in ("gzip", "deflate")
+        for shape in ("endless", "tiny")
+    }
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize("shape", ["endless", "tiny"])
+async def test_a_decompression_bomb_keeps_memory_bounded_and_healthz_answering(
+    bombs: dict[tuple[str, str], bytes], encoding: str, shape: str
+) -> None:
+    assert gzip  # the module's gzip wrapper is what "gzip" means here
+    bomb = bombs[(encoding, shape)]
+    assert len(bomb) < 1024 * 1024
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: "
+            + encoding.encode()
+            + b"\r\nContent-Length: "
+            + str(len(bomb)).encode()
+            + b"\r\n\r\n"
+        )
+        for at in range(0, len(bomb), 16384):
+            writer.write(bomb[at : at + 16384])
+            await writer.drain()
+
+    limit = 4 * 1024 * 1024
+    async with raw_upstream(handler) as upstream:
+        port, admin = _free_port(), _free_port()
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "streamwarden.cli", "run",
+                "--upstream", upstream.url,
+                "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
+            ],
+            env={**os.environ, "STREAMWARDEN_MAX_EVENT_BYTES": str(limit),
+                 "STREAMWARDEN_CLIENT_WRITE_TIMEOUT": "60s"},
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with asyncio.timeout(20):
+                    while True:
+                        with contextlib.suppress(aiohttp.ClientError):
+                            async with session.get(f"http://127.0.0.1:{admin}/healthz") as r:
+                                if r.status == 200:
+                                    break
+                        await asyncio.sleep(0.05)
+                # Warm both paths so lazily built objects are in the baseline.
+                async with session.get(f"http://127.0.0.1:{admin}/metrics") as r:
+                    await r.read()
+                baseline = _rss(process.pid)
+                peak = baseline
+                healthz: list[float] = []
+
+                async def probe() -> None:
+                    nonlocal peak
+                    while True:
+                        peak = max(peak, _rss(process.pid))
+                        began = time.monotonic()
+                        async with session.get(f"http://127.0.0.1:{admin}/healthz") as r:
+                            await r.read()
+                        healthz.append(time.monotonic() - began)
+                        await asyncio.sleep(0.01)
+
+                prober = asyncio.create_task(probe())
+                try:
+                    async with session.post(
+                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        json={"stream": True},
+                        timeout=aiohttp.ClientTimeout(total=60),
+                    ) as resp:
+                        assert resp.status == 200
+                        assert "Content-Encoding" not in resp.headers
+                        if shape == "endless":
+                            body = await resp.read()
+                            assert b"event_too_large" in body
+                        else:
+                            # The client reads nothing for a while: the
+                            # inflation must wait for it, not fill memory.
+                            await wait_until_settled(lambda: peak, quiet=1.0, timeout=30)
+                            got = 0
+                            async for chunk in resp.content.iter_any():
+                                got += len(chunk)
+                                if got > 2 * limit:
+                                    break  # enough: the rest is more of the same
+                            assert got > 2 * limit
+                    await wait_for(lambda: len(healthz) >= 20, timeout=20)
+                finally:
+                    prober.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await prober
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+    grown = peak - baseline
+    assert grown < limit + 16 * 1024 * 1024, (baseline, peak)
+    healthz.sort()
+    assert healthz[-1] < 0.1, healthz[-5:]
