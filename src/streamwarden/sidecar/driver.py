@@ -48,9 +48,9 @@ from streamwarden.sidecar.upstream import (
 
 __all__ = ["TURN_BUDGET", "PassThrough", "StreamDriver"]
 
-#: Most bytes handed to the relay per upstream read or task turn. 16 KiB of
-#: the smallest events is about 2,000 events, a few milliseconds of work.
-TURN_BUDGET = 16 * 1024
+#: Most bytes handed to the relay per upstream read or task turn. 4 KiB of
+#: the smallest events is about 450 events, a millisecond or two of work.
+TURN_BUDGET = 4 * 1024
 
 
 class _Conduit:

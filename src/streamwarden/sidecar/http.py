@@ -214,3 +214,30 @@ class GuardedAppRunner(web.AppRunner):
         server = await super()._make_server()
         server.__class__ = _GuardedServer
         return server
+
+
+def _check_aiohttp() -> None:
+    """Fail at import, with the names, if this aiohttp lacks what the module relies on.
+
+    A changed private name would otherwise surface as a stream that never
+    hears its client leave, or a slowloris that is never cut: silently.
+    """
+    slots = set(getattr(RequestHandler, "__slots__", ()))
+    missing = [name for name in ("_request_count", "_current_request") if name not in slots]
+    missing += [
+        f"RequestHandler.{name}"
+        for name in ("_drain_helper", "writing_paused", "eof_received", "handle_error")
+        if not hasattr(RequestHandler, name)
+    ]
+    if not hasattr(web.AppRunner, "_make_server"):
+        missing.append("AppRunner._make_server")
+    if missing:
+        import aiohttp
+
+        raise ImportError(
+            f"streamwarden.sidecar needs aiohttp internals missing from aiohttp "
+            f"{aiohttp.__version__}: {', '.join(missing)} (tested: >=3.10.6,<4)"
+        )
+
+
+_check_aiohttp()
