@@ -58,7 +58,7 @@ async def test_method_path_query_and_body_reach_the_upstream_unchanged(
 async def test_hop_by_hop_headers_are_dropped_and_forwarded_headers_added(
     mock: MockServer, start_sidecar: StartSidecar
 ) -> None:
-    sidecar = await start_sidecar(mock.url)
+    sidecar = await start_sidecar(mock.url, trusted_proxies=["127.0.0.0/8"])
     headers = {
         "Connection": "keep-alive, X-Secret-Hop",
         "X-Secret-Hop": "1",
@@ -80,6 +80,31 @@ async def test_hop_by_hop_headers_are_dropped_and_forwarded_headers_added(
     assert header(described, "x-forwarded-host") == [f"127.0.0.1:{sidecar.proxy_port}"]
     # Host is the upstream's own unless configured otherwise.
     assert header(described, "host") == [f"127.0.0.1:{mock.port}"]
+
+
+async def test_forwarding_headers_from_an_untrusted_peer_are_replaced_not_believed(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    lies = {
+        "X-Forwarded-For": "203.0.113.7",
+        "Forwarded": "for=203.0.113.7;proto=https",
+        "X-Real-IP": "203.0.113.7",
+    }
+    # Without streamwarden the upstream believes whatever the client says.
+    direct = await echo(mock.url + "/echo/h", headers=lies)
+    assert header(direct, "x-real-ip") == ["203.0.113.7"]
+
+    sidecar = await start_sidecar(mock.url)  # trusted_proxies: none
+    described = await echo(sidecar.proxy_url + "/echo/h", headers=lies)
+    assert header(described, "x-forwarded-for") == ["127.0.0.1"]
+    assert header(described, "x-real-ip") == ["127.0.0.1"]
+    assert header(described, "forwarded") == []
+
+    trusting = await start_sidecar(mock.url, trusted_proxies="127.0.0.1/32, ::1")
+    described = await echo(trusting.proxy_url + "/echo/h", headers=lies)
+    assert header(described, "x-forwarded-for") == ["203.0.113.7, 127.0.0.1"]
+    assert header(described, "x-real-ip") == ["203.0.113.7"]
+    assert header(described, "forwarded") == ["for=203.0.113.7;proto=https"]
 
 
 async def test_preserve_host_sends_the_clients_host(

@@ -10,9 +10,11 @@ used before it had its own), then its absence through the sidecar.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -634,3 +636,48 @@ while not done.is_set():
     print(time.monotonic() - began, flush=True)
     time.sleep(0.01)
 """
+
+
+# -- secrets ------------------------------------------------------------------------
+
+
+async def test_no_secret_reaches_a_log_line_and_url_credentials_are_sent_upstream(
+    start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Userinfo, query-string keys, client headers and upstream Set-Cookie stay out of logs.
+
+    Credentials in the configured upstream URL are the operator's: they go
+    upstream as Basic auth in place of the client's Authorization (before,
+    both together were a 500).
+    """
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, _ = await read_request(reader)
+            seen.append(head)
+            if b"/broken" in head:
+                writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: sid=COOKIESECRET\x01\r\n\r\n")
+                await writer.drain()
+                return
+            writer.write(response(b"ok", extra=b"Set-Cookie: sid=COOKIESECRET\r\n"))
+            await writer.drain()
+
+    caplog.set_level(logging.DEBUG)
+    async with raw_upstream(handler) as upstream:
+        url = f"http://svc:URLPASSWORD@127.0.0.1:{upstream.port}"
+        sidecar = await start_sidecar(url)
+        headers = {"Authorization": "Bearer CLIENTSECRET", "x-goog-api-key": "GOOGSECRET"}
+        assert await get(sidecar.proxy_url + "/ok?key=QUERYSECRET", headers=headers) == (
+            200,
+            b"ok",
+        )
+        status, _ = await get(sidecar.proxy_url + "/broken?key=QUERYSECRET", headers=headers)
+        assert status == 502
+    expected = "Basic " + base64.b64encode(b"svc:URLPASSWORD").decode()
+    assert f"Authorization: {expected}".encode() in seen[0]
+    assert b"CLIENTSECRET" not in seen[0]
+    logged = caplog.text
+    assert "upstream" in logged  # the 502 was logged, and what follows is not in it
+    for secret in ("URLPASSWORD", "QUERYSECRET", "CLIENTSECRET", "GOOGSECRET", "COOKIESECRET"):
+        assert secret not in logged, secret

@@ -14,6 +14,7 @@ naming the key, the value and what was expected.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import os
 import re
@@ -69,6 +70,7 @@ SIDECAR_ONLY = frozenset(
         "drain_timeout",
         "early_headers_after",
         "event_loop",
+        "trusted_proxies",
     }
 )
 
@@ -149,6 +151,20 @@ def _readable_file(value: object) -> str:
 
 
 ReadableFile = Annotated[str, BeforeValidator(_readable_file)]
+
+
+def _networks(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part for part in value.replace(",", " ").split() if part]
+    if isinstance(value, list | tuple):
+        try:
+            return tuple(str(ipaddress.ip_network(str(v).strip(), strict=False)) for v in value)
+        except ValueError:
+            pass
+    raise ValueError("networks")
+
+
+Networks = Annotated[tuple[str, ...], BeforeValidator(_networks)]
 DialectName = Literal[
     "auto",
     "openai-chat",
@@ -168,6 +184,7 @@ _EXPECTED = {
     "host_port": "is not HOST:PORT (e.g. 0.0.0.0:8080)",
     "upstream": "is not an upstream URL (http://host:port, https://host:port or unix:/path.sock)",
     "readable_file": "is not a readable file",
+    "networks": "is not a list of networks (e.g. 10.0.0.0/8, 127.0.0.1)",
 }
 
 
@@ -241,6 +258,9 @@ class Settings(BaseModel):
     early_headers_after: Duration = 0.0
     #: More media types to treat as event streams.
     stream_media_types: tuple[str, ...] = ()
+    #: Peers (CIDRs) whose X-Forwarded-For, Forwarded and X-Real-IP are kept;
+    #: from anyone else they are replaced by what the sidecar saw.
+    trusted_proxies: Networks = ()
     #: Header names, besides the built-in secret ones, to redact in logs.
     redact_headers: tuple[str, ...] = ()
     #: Per path prefix overrides; the longest matching prefix wins.

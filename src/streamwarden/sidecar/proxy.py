@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -109,6 +110,7 @@ class Proxy:
                 self._authorization = "Basic " + base64.b64encode(token).decode()
         self.pool: UpstreamPool | None = None
         self._websockets: WebSocketRelay | None = None
+        self._trusted_networks = tuple(ipaddress.ip_network(n) for n in settings.trusted_proxies)
         # Requests that asked for a stream and are in flight (max_concurrent_streams).
         self._streams_admitted = 0
 
@@ -426,14 +428,31 @@ class Proxy:
             if self.settings.preserve_host
             else self.origin.host_header
         )
-        forwarded_for = request.headers.get("X-Forwarded-For")
         remote = request.remote or ""
-        headers["X-Forwarded-For"] = f"{forwarded_for}, {remote}" if forwarded_for else remote
+        forwarded_for = request.headers.get("X-Forwarded-For")
+        if forwarded_for and self._trusted(remote):
+            headers["X-Forwarded-For"] = f"{forwarded_for}, {remote}"
+        else:
+            # Only a trusted hop may say who the client is: from anyone else
+            # these would let a client lie to an upstream that believes them.
+            headers["X-Forwarded-For"] = remote
+            if not self._trusted(remote):
+                headers.popall("Forwarded", None)
+                headers["X-Real-IP"] = remote
         headers["X-Forwarded-Proto"] = request.scheme
         headers["X-Forwarded-Host"] = request.host
         if self._authorization is not None:
             headers["Authorization"] = self._authorization
         return headers
+
+    def _trusted(self, peer: str) -> bool:
+        if not self._trusted_networks or not peer:
+            return False
+        try:
+            address = ipaddress.ip_address(peer)
+        except ValueError:
+            return False  # a unix-socket peer, say
+        return any(address in network for network in self._trusted_networks)
 
     def _request_body(self, request: web.Request, start: bytes) -> RequestBody | None:
         if not request.body_exists:
