@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -620,7 +621,8 @@ async def test_a_decompression_bomb_keeps_memory_bounded_and_healthz_answering(
     assert len(healthz) >= 2
     grown = peak - baseline
     assert grown < limit + 16 * 1024 * 1024, (baseline, peak)
-    assert healthz[-1] < 0.1, healthz[-5:]
+    # See the flood test below for why the bound is on the 95th percentile.
+    assert _percentile(healthz, 0.95) < 0.1 and healthz[-1] < 0.25, healthz[-5:]
 
 
 # Times GET /healthz in a loop, one line per answer, until stdin closes.
@@ -681,3 +683,88 @@ async def test_no_secret_reaches_a_log_line_and_url_credentials_are_sent_upstrea
     assert "upstream" in logged  # the 502 was logged, and what follows is not in it
     for secret in ("URLPASSWORD", "QUERYSECRET", "CLIENTSECRET", "GOOGSECRET", "COOKIESECRET"):
         assert secret not in logged, secret
+
+
+# -- one flooding upstream does not starve the others -------------------------------
+
+FLOOD_UPSTREAM = Path(__file__).parent / "fixtures" / "flood_upstream.py"
+
+
+@pytest.mark.slow
+async def test_a_flooding_stream_starves_neither_healthz_nor_another_stream() -> None:
+    """16 MiB of tiny events at full speed; /healthz and a ticking stream keep their pace.
+
+    Every party is a process of its own (the upstream, the sidecar, curl
+    reading the flood, the /healthz prober), so what is measured is the
+    sidecar's event loop. Ticks carry the upstream's clock; their delay is
+    arrival minus that.
+    """
+    upstream_port, port, admin = _free_port(), _free_port(), _free_port()
+    upstream = await asyncio.create_subprocess_exec(
+        sys.executable, str(FLOOD_UPSTREAM), str(upstream_port), stdout=subprocess.PIPE
+    )
+    assert upstream.stdout is not None
+    assert await upstream.stdout.readline() == b"ready\n"
+    sidecar = subprocess.Popen(
+        [
+            sys.executable, "-m", "streamwarden.cli", "run",
+            "--upstream", f"http://127.0.0.1:{upstream_port}",
+            "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
+        ],
+        env={**os.environ, "STREAMWARDEN_DIALECT": "generic"},
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    prober: asyncio.subprocess.Process | None = None
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with asyncio.timeout(20):
+                while True:
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with session.get(f"http://127.0.0.1:{admin}/healthz") as r:
+                            if r.status == 200:
+                                break
+                    await asyncio.sleep(0.05)
+            prober = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _HEALTHZ_PROBE, f"http://127.0.0.1:{admin}/healthz",
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            )  # fmt: skip
+            assert prober.stdout is not None and prober.stdin is not None
+            assert await prober.stdout.readline() == b"ready\n"
+            flood = await asyncio.create_subprocess_exec(
+                "curl", "-sSN", "--max-time", "60", "-o", "/dev/null", "-w", "%{size_download}",
+                "-H", "Accept: text/event-stream", f"http://127.0.0.1:{port}/flood",
+                stdout=subprocess.PIPE,
+            )  # fmt: skip
+            delays: list[float] = []
+            async with session.get(
+                f"http://127.0.0.1:{port}/tick?n=40", headers={"Accept": "text/event-stream"}
+            ) as resp:
+                decoder = SSEDecoder()
+                async for chunk in resp.content.iter_any():
+                    arrived = time.monotonic()
+                    delays.extend(arrived - float(e.data) for e in decoder.feed(chunk))
+            out, _ = await asyncio.wait_for(flood.communicate(), 60)
+            assert int(out) > 16_000_000  # the flood went through whole meanwhile
+            prober.stdin.close()
+            probed, _ = await asyncio.wait_for(prober.communicate(), 20)
+    finally:
+        sidecar.terminate()
+        sidecar.wait(timeout=10)
+        upstream.terminate()
+        await upstream.wait()
+        if prober is not None and prober.returncode is None:
+            prober.kill()
+    healthz = sorted(float(line) for line in probed.split())
+    assert len(delays) == 40 and len(healthz) >= 10
+    delays.sort()
+    # The bound is on the 95th percentile; the tail beyond it is the OS
+    # scheduler on a 2-core machine running five busy processes (measured:
+    # median 15 ms, a few outliers to 100 ms with two other test suites
+    # running). A starved loop shows seconds: before the per-turn budget,
+    # /healthz waited 9 s behind this flood.
+    assert _percentile(delays, 0.95) < 0.05 and delays[-1] < 0.25, delays[-5:]
+    assert _percentile(healthz, 0.95) < 0.05 and healthz[-1] < 0.25, healthz[-5:]
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
