@@ -112,12 +112,15 @@ def experiment(args: argparse.Namespace) -> int:
             bench.ttft()
         if args.cancel:
             bench.cancel()
-        per_path = bench.load_level(args.streams, args.tps, args.seconds, args.rounds, bench.live())
+        per_path = bench.load_level(
+            args.streams, args.tps, args.seconds, args.rounds, bench.live(), align=args.align
+        )
     finally:
         bench.stop()
     compare(per_path)
     base_cpu = per_path.get(args.base, {}).get("proxy_cpu_us_per_event")
-    print(f"{args.streams} streams x {args.tps:g}/s, {args.rounds} interleaved rounds:")
+    shape = "one decode step" if args.align else "each at its own phase"
+    print(f"{args.streams} streams x {args.tps:g}/s ({shape}), {args.rounds} interleaved rounds:")
     for name, entry in per_path.items():
         cpu = entry.get("proxy_cpu_us_per_event")
         per_window = [w.get("proxy_cpu_us_per_event") for w in entry["windows"]]
@@ -156,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     profile_parser.add_argument("--seconds", type=float, default=10.0)
     profile_parser.add_argument("--out", type=Path, help="collapsed-stack output file")
     profile_parser.add_argument(
+        "--align",
+        action="store_true",
+        help="every stream's events in one decode step (scenario g), not each at its own phase",
+    )
+    profile_parser.add_argument(
         "--requests", type=int, default=0, help="profile N sequential requests instead of streams"
     )
     profile_parser.add_argument(
@@ -173,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     experiment_parser.add_argument("--seconds", type=float, default=3.0)
     experiment_parser.add_argument("--rounds", type=int, default=3)
     experiment_parser.add_argument(
+        "--align", action="store_true", help="every stream's events in one decode step"
+    )
+    experiment_parser.add_argument(
         "--ttft", type=int, default=0, help="also N TTFT samples per variant (scenario f)"
     )
     experiment_parser.add_argument(
@@ -187,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.memory:
         return memory_profile(args.streams)
-    return profile(args.path, args.streams, args.tps, args.seconds, args.out, args.requests)
+    return profile(
+        args.path, args.streams, args.tps, args.seconds, args.out, args.requests, args.align
+    )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Runs in its own process (``python -m bench.client SPEC_JSON``) and prints
 one JSON summary line on stdout. Four modes:
 
 - ``stream``: ``streams`` concurrent SSE streams at ``tps`` events/s each,
-  opened evenly over ``ramp_s`` (so their phases spread out), then a
-  measured window of ``measure_s``. For each event received in the window
+  opened evenly over ``ramp_s`` (so their phases spread out, unless
+  ``align`` asks the upstream to put every stream's events in one shared
+  decode step), then a measured window of ``measure_s``. For each event received in the window
   it keeps ``receive - send`` (ns, one monotonic clock); per stream, the
   time from connect to first event (TTFT). At the window's edges it reads
   the CPU time of the processes named in ``cpu_pids`` (the proxy, the
@@ -180,6 +181,8 @@ async def stream_mode(spec: dict[str, Any]) -> dict[str, Any]:
     total = streams * of
     ramp = spec["ramp_s"]
     target = f"{spec['path']}?tps={spec['tps']:g}&n={spec['events']}"
+    if spec.get("align"):
+        target += "&align=1"  # every stream's events in the upstream's shared decode step
     start = int(spec["start_ns"])
     cpu_pids: dict[str, list[int]] = spec.get("cpu_pids", {})
 

@@ -7,7 +7,8 @@ A path is a way from the load client to the upstream:
 - ``sidecar-uvloop``: ``streamwarden run --uvloop`` (what ``run`` picks by
   itself when uvloop is installed);
 - ``nginx``: Debian's nginx, one worker, ``proxy_buffering off``, HTTP/1.1
-  with a keep-alive pool to the upstream (the usual SSE setup);
+  with a keep-alive pool to the upstream (``keepalive 256``,
+  ``proxy_http_version 1.1``, ``Connection ""``: the usual SSE setup);
 - ``fastapi-mw``: a FastAPI gateway with ``StreamWardenMiddleware`` under
   uvicorn (:mod:`bench.gateway`);
 - ``fastapi``: the same gateway without the middleware, so the middleware's
@@ -66,9 +67,11 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
+    # A keep-alive pool to the upstream, as a production config has it;
+    # 256 idle connections at most, the sidecar's upstream_pool_size default.
     upstream llm {{
         server {host}:{upstream};
-        keepalive 512;
+        keepalive 256;
     }}
     server {{
         listen {host}:{port} backlog=4096;

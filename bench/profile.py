@@ -62,14 +62,26 @@ def summarize(collapsed: Path, top: int = 30) -> str:
 
 
 def profile(
-    path: str, streams: int, tps: float, seconds: float, out: Path | None, requests: int = 0
+    path: str,
+    streams: int,
+    tps: float,
+    seconds: float,
+    out: Path | None,
+    requests: int = 0,
+    align: bool = False,
 ) -> int:
-    """Profile ``path`` under a stream load, or under ``requests`` sequential requests if > 0."""
+    """Profile ``path`` under a stream load, or under ``requests`` sequential requests if > 0.
+
+    ``align``: the streams' events in one decode step (scenario g's shape)
+    instead of each stream at its own phase (scenario b's).
+    """
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if path in ("nginx",) or not Path(spy).exists():
         print("py-spy is needed (pip install py-spy), and the path must be a Python one")
         return 2
     label = f"{requests}-requests" if requests else f"{streams}x{tps:g}"
+    if align and not requests:
+        label += "-aligned"
     out = out or REPO / "bench" / "results" / "profiles" / f"{path}-{label}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     bench = Bench(FULL, ["direct", path])
@@ -115,7 +127,7 @@ def profile(
             }
             summary: object = bench._client(spec, seconds + 120)
         else:
-            summary = bench.stream_window(path, streams, tps, seconds + 1.0).windows[0]
+            summary = bench.stream_window(path, streams, tps, seconds + 1.0, align).windows[0]
         timer.join()
         for spy_process in spies:
             _, err = spy_process.communicate(timeout=seconds + 30)

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bench.paths import nginx_binary
+from bench.paths import REPO, nginx_binary
 
 __all__ = ["environment", "evaluate_targets", "markdown", "plot"]
 
@@ -21,6 +21,25 @@ def _version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def source_state() -> dict[str, Any]:
+    """Which code was measured: the commit, and any files of src/ changed since it."""
+    changed = _git("status", "--porcelain", "--", "src")
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "src_changed": [line[3:] for line in changed.splitlines()] if changed else [],
+    }
 
 
 def environment() -> dict[str, Any]:
@@ -35,6 +54,7 @@ def environment() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "loadavg_at_start": list(os.getloadavg()),
+        "source": source_state(),
         "versions": {
             name: _version(name)
             for name in (
@@ -51,8 +71,10 @@ def environment() -> dict[str, Any]:
     }
 
 
-def _level(results: dict[str, Any], streams: int) -> dict[str, Any] | None:
-    for level in results.get("b_concurrency", {}).get("levels", []):
+def _level(
+    results: dict[str, Any], streams: int, scenario: str = "b_concurrency"
+) -> dict[str, Any] | None:
+    for level in results.get(scenario, {}).get("levels", []):
         if level["streams"] == streams:
             per_path: dict[str, Any] = level["per_path"]
             return per_path
@@ -67,7 +89,99 @@ def _get(data: Any, *keys: Any) -> Any:
     return data
 
 
+def _idle_at(results: dict[str, Any], streams: int) -> dict[str, Any]:
+    for count in _get(results, "d_idle_memory", "counts") or []:
+        if count["planned_streams"] == streams:
+            per_path: dict[str, Any] = count["per_path"]
+            return per_path
+    return {}
+
+
+#: Issue 11's figures: (figure, unit, must, aim); each is met when measured <= the bound.
+ISSUE_11 = {
+    "cpu": ("CPU per event", "x nginx", 2.0, 1.5),
+    "memory": ("resident memory per idle stream, 1,000 open", "KiB", 24.0, 20.0),
+    "cancel": ("cancel, client FIN to upstream close, p99", "ms", 0.6, 0.4),
+    "added": ("added latency per event, p99, over direct", "ms", 1.0, 0.5),
+}
+
+#: The two shapes of stream load: the results key and how the tables name it.
+SHAPES = (("b_concurrency", "own phase"), ("g_aligned", "aligned"))
+
+
+def evaluate_issue_11(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 11's Speed table, for both sidecar loops (the default one is uvloop).
+
+    Each entry has the must and the aim bounds, whether each is met (None if
+    not measured), and nginx's own figure from the same run where it has one.
+    """
+    out: list[dict[str, Any]] = []
+    cancel = _get(results, "e_cancel", "per_path") or {}
+    idle = _idle_at(results, 1000)
+
+    def add(kind: str, where: str, name: str, value: Any, nginx: Any, raw: Any = None) -> None:
+        figure, unit, must, aim = ISSUE_11[kind]
+        out.append(
+            {
+                "issue": 11,
+                "target": f"{figure}{where}",
+                "path": name,
+                "measured": value,
+                "unit": unit,
+                "nginx": nginx,
+                # The path's own figure where ``measured`` is a ratio (CPU: µs per event).
+                "raw": raw,
+                "must": must,
+                "aim": aim,
+                "met": None if value is None else value <= must,
+                "aim_met": None if value is None else value <= aim,
+            }
+        )
+
+    for name in SIDECARS:
+        for key, shape in SHAPES:
+            for streams in (500, 1000):
+                level = _level(results, streams, key) or {}
+                where = f", {streams:,} x 20/s, {shape}"
+                add(
+                    "cpu",
+                    where,
+                    name,
+                    _get(level, name, "cpu_ratio_vs_nginx"),
+                    _get(level, "nginx", "proxy_cpu_us_per_event"),
+                    _get(level, name, "proxy_cpu_us_per_event"),
+                )
+        for key, shape in SHAPES:
+            for streams in (500, 1000):
+                level = _level(results, streams, key) or {}
+                where = f", {streams:,} x 20/s, {shape}"
+                add(
+                    "added",
+                    where,
+                    name,
+                    _get(level, name, "added_ms", "p99"),
+                    _get(level, "nginx", "added_ms", "p99"),
+                )
+        add(
+            "memory",
+            "",
+            name,
+            _get(idle, name, "kib_per_stream"),
+            _get(idle, "nginx", "kib_per_stream"),
+        )
+        p99 = _get(cancel, name, "ms", "p99")
+        if _get(cancel, name, "missing"):
+            p99 = float("inf")
+        add("cancel", "", name, p99, _get(cancel, "nginx", "ms", "p99"))
+    return out
+
+
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 11's figures, then issue 7's targets; ``met`` is None if not measured."""
+    return evaluate_issue_11(results) + evaluate_issue_7(results)
+
+
+def evaluate_issue_7(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 7's targets, each judged for both sidecar loops; ``met`` is None if not measured."""
     out: list[dict[str, Any]] = []
     at200 = _level(results, 200)
@@ -80,7 +194,16 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         met = None if value is None else value < limit if unit != "events/s" else value >= limit
         if unit == "events/s" and met is False and not _get(rates, name, "first_miss"):
             met = None  # the plan's levels stopped below the target before the path did
-        out.append({"target": target, "path": name, "measured": value, "unit": unit, "met": met})
+        out.append(
+            {
+                "issue": 7,
+                "target": target,
+                "path": name,
+                "measured": value,
+                "unit": unit,
+                "met": met,
+            }
+        )
 
     for name in SIDECARS:
         p99 = _get(cancel, name, "ms", "p99")
@@ -151,6 +274,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "Versions: "
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v is not None)
         + ".",
+        *_source_line(env.get("source")),
         "",
         "All times in milliseconds. *Added* = the path's percentile minus the direct "
         "path's percentile from the same scenario of the same run; ×direct and ×nginx "
@@ -163,9 +287,13 @@ def markdown(doc: dict[str, Any]) -> str:
             "Paths not measured: " + "; ".join(f"{k} ({v})" for k, v in doc["unavailable"].items()),
             "",
         ]
+    yes_no = {True: "yes", False: "**no**", None: "not measured"}
+    lines += _issue_11_table(doc)
     lines += ["## Targets (issue 7)", "", "| target | path | measured | met |", "|---|---|---|---|"]
     for t in doc["targets"]:
-        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+        if t.get("issue", 7) != 7:
+            continue
+        met = yes_no[t["met"]]
         lines.append(
             f"| {t['target']} | {t['path']} | {_fmt(t['measured'], 3)} {t['unit']} | {met} |"
         )
@@ -192,39 +320,32 @@ def markdown(doc: dict[str, Any]) -> str:
     sweep = r.get("b_concurrency")
     if sweep and sweep["levels"]:
         lines += [
-            f"## (b) Concurrent streams at {sweep['tps']:g} events/s each",
+            f"## (b) Concurrent streams at {sweep['tps']:g} events/s each, each at its own phase",
             "",
-            "CPU per event is the proxy process's CPU time in the window over the "
-            "events delivered in it; `load` is CPU use of proxy / upstream / client, "
-            "and of everything else on the machine (other jobs) in the same window.",
+            "Streams start spread over a ramp, so each one's events come at its own phase: "
+            "every event is its own upstream write and read. CPU per event is the proxy "
+            "process's CPU time in the window over the events delivered in it; `load` is "
+            "CPU use of proxy / upstream / client, and of everything else on the machine "
+            "(other jobs) in the same window.",
             "",
-            "| streams | path | p50 | p99 | added p50 | added p99 | ×direct p99 | ×nginx p99 "
-            "| CPU µs/event | ×nginx CPU | delivered/offered ev/s | load proxy/up/client/other |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            *_load_table(sweep["levels"]),
+            "",
         ]
-        for level in sweep["levels"]:
-            for name, e in level["per_path"].items():
-                lat, add = e["latency_ms"], e["added_ms"]
-                w: dict[str, Any] = next((w for w in e["windows"] if "error" not in w), {})
-                util = w.get("cpu_util", {})
-                load = (
-                    "/".join(
-                        f"{util.get(k, 0) * 100:.0f}%" if k in util else "–"
-                        for k in ("proxy", "upstream", "client")
-                    )
-                    + f"/{w.get('other_cpu_util', 0) * 100:.0f}%"
-                )
-                lines.append(
-                    f"| {level['streams']:,} | {name} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | "
-                    f"{_fmt(add['p50'])} | {_fmt(add['p99'])} | "
-                    f"{_x(e['ratio_vs_direct']['p99'])} | {_x(e['ratio_vs_nginx']['p99'])} | "
-                    f"{_fmt(e.get('proxy_cpu_us_per_event'), 1)} | "
-                    f"{_x(e.get('cpu_ratio_vs_nginx'))} | "
-                    f"{_fmt(e.get('delivered_events_per_s'), 0)}/"
-                    f"{_fmt(e.get('offered_events_per_s'), 0)} | "
-                    f"{load} |"
-                )
-        lines.append("")
+
+    aligned = r.get("g_aligned")
+    if aligned and aligned["levels"]:
+        lines += [
+            f"## (g) Concurrent streams at {aligned['tps']:g} events/s each, in one decode step",
+            "",
+            "Every stream's events come in the upstream's one shared decode step (one "
+            "timer writes one event to each stream in turn, as a batching engine emits "
+            "the tokens of one step), so a proxy gets a burst of one event per stream "
+            "every 1/20 s; the later events of a burst wait for the earlier ones, in "
+            "the upstream, the proxy and the client alike. Columns as in (b).",
+            "",
+            *_load_table(aligned["levels"]),
+            "",
+        ]
 
     rates = r.get("c_max_rate")
     if rates:
@@ -258,30 +379,47 @@ def markdown(doc: dict[str, Any]) -> str:
 
     idle = r.get("d_idle_memory")
     if idle:
+        # Runs before the 1,000-stream count had only the one, at the top level.
+        counts = idle.get("counts") or [
+            {
+                "streams": idle["streams"],
+                "planned_streams": idle.get("planned_streams", idle["streams"]),
+                "per_path": idle["per_path"],
+            }
+        ]
+        capped = [c for c in counts if c["planned_streams"] > c["streams"]]
         lines += [
-            f"## (d) {idle['streams']:,} idle streams: resident memory per open stream",
+            "## (d) Idle streams: resident memory per open stream",
+            "",
+            "Each count in a freshly started proxy (after a warm-up of a few streams): "
+            "(RSS with the streams open − RSS before) / streams.",
             "",
             *(
                 [
-                    f"Planned {idle['planned_streams']:,}; a proxied stream holds two sockets "
-                    f"in the proxy and this machine's descriptor limit is {idle['fd_limit']:,} "
-                    "per process (not raisable here), so the run used the largest count that fits.",
+                    f"Planned {capped[0]['planned_streams']:,}; a proxied stream holds two "
+                    f"sockets in the proxy and this machine's descriptor limit is "
+                    f"{idle['fd_limit']:,} per process (not raisable here), so the run used "
+                    f"{capped[0]['streams']:,}, the largest count that fits.",
                     "",
                 ]
-                if idle.get("planned_streams", idle["streams"]) > idle["streams"]
+                if capped
                 else []
             ),
-            "| path | opened | RSS before KiB | RSS open KiB | KiB/stream | ×nginx |",
-            "|---|---|---|---|---|---|",
+            "| streams | path | opened | RSS before KiB | RSS open KiB | KiB/stream | ×nginx |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for name, e in idle["per_path"].items():
-            if "error" in e:
-                lines.append(f"| {name} | failed: {e['error'][:80]} | | | | |")
-                continue
-            lines.append(
-                f"| {name} | {e['opened']:,} | {e['rss_before_kib']:,} | {e['rss_open_kib']:,} | "
-                f"{_fmt(e['kib_per_stream'], 1)} | {_x(e.get('ratio_vs_nginx'))} |"
-            )
+        for count in counts:
+            for name, e in count["per_path"].items():
+                if "error" in e:
+                    lines.append(
+                        f"| {count['streams']:,} | {name} | failed: {e['error'][:80]} | | | | |"
+                    )
+                    continue
+                lines.append(
+                    f"| {count['streams']:,} | {name} | {e['opened']:,} | "
+                    f"{e['rss_before_kib']:,} | {e['rss_open_kib']:,} | "
+                    f"{_fmt(e['kib_per_stream'], 1)} | {_x(e.get('ratio_vs_nginx'))} |"
+                )
         lines.append("")
 
     cancel = r.get("e_cancel")
@@ -322,6 +460,104 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _issue_11_table(doc: dict[str, Any]) -> list[str]:
+    """Issue 11's Speed figures: one row per figure, the sidecar's loops side by side."""
+    targets = [t for t in doc["targets"] if t.get("issue") == 11]
+    names = [n for n in ("sidecar-uvloop", "sidecar") if n in doc["paths"]]
+    if not targets or not names:
+        return []
+    yes_no = {True: "yes", False: "**no**", None: "not measured"}
+    rows: dict[str, dict[str, Any]] = {}
+    for t in targets:
+        rows.setdefault(t["target"], {})[t["path"]] = t
+    heads = {"sidecar-uvloop": "sidecar-uvloop (the default loop)", "sidecar": "sidecar (asyncio)"}
+    lines = [
+        "## Targets (issue 11)",
+        "",
+        "CPU per event as a ratio to nginx's in the same windows (each path's own µs in "
+        "brackets); *must met* / *aim met* are per path, met when the figure is at or "
+        "under the bound.",
+        "",
+        "| figure | must | aim | nginx | "
+        + " | ".join(f"{heads[n]} | must met | aim met" for n in names)
+        + " |",
+        "|---|---|---|---|" + "---|---|---|" * len(names),
+    ]
+
+    def value(t: dict[str, Any], key: str) -> str:
+        v = t[key]
+        if v is None:
+            return "–"
+        if t["unit"] == "x nginx":
+            if key == "nginx":
+                return f"({_fmt(v, 1)} µs)"
+            raw = t.get("raw")
+            return f"{v:.2f}×" + (f" ({_fmt(raw, 1)} µs)" if raw is not None else "")
+        return f"{_fmt(v, 3)} {t['unit']}"
+
+    for figure, per_path in rows.items():
+        first = next(iter(per_path.values()))
+        unit = "×" if first["unit"] == "x nginx" else f" {first['unit']}"
+        cells = [
+            figure,
+            f"≤ {first['must']:g}{unit}",
+            f"≤ {first['aim']:g}{unit}",
+            value(first, "nginx"),
+        ]
+        for name in names:
+            t = per_path.get(name)
+            if t is None:
+                cells += ["–", "–", "–"]
+                continue
+            cells += [value(t, "measured"), yes_no[t["met"]], yes_no[t["aim_met"]]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+def _source_line(source: dict[str, Any] | None) -> list[str]:
+    if not source or not source.get("commit"):
+        return []
+    changed = source.get("src_changed") or []
+    return [
+        f"Code: commit {source['commit'][:12]}"
+        + (f", with uncommitted changes to {', '.join(changed)}" if changed else "")
+        + "."
+    ]
+
+
+def _load_table(levels: list[dict[str, Any]]) -> list[str]:
+    """Scenario (b)'s or (g)'s table: one row per level and path."""
+    lines = [
+        "| streams | path | p50 | p99 | added p50 | added p99 | ×direct p99 | ×nginx p99 "
+        "| CPU µs/event | ×nginx CPU | delivered/offered ev/s | load proxy/up/client/other |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level in levels:
+        for name, e in level["per_path"].items():
+            lat, add = e["latency_ms"], e["added_ms"]
+            w: dict[str, Any] = next((w for w in e["windows"] if "error" not in w), {})
+            util = w.get("cpu_util", {})
+            load = (
+                "/".join(
+                    f"{util.get(k, 0) * 100:.0f}%" if k in util else "–"
+                    for k in ("proxy", "upstream", "client")
+                )
+                + f"/{w.get('other_cpu_util', 0) * 100:.0f}%"
+            )
+            lines.append(
+                f"| {level['streams']:,} | {name} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | "
+                f"{_fmt(add['p50'])} | {_fmt(add['p99'])} | "
+                f"{_x(e['ratio_vs_direct']['p99'])} | {_x(e['ratio_vs_nginx']['p99'])} | "
+                f"{_fmt(e.get('proxy_cpu_us_per_event'), 1)} | "
+                f"{_x(e.get('cpu_ratio_vs_nginx'))} | "
+                f"{_fmt(e.get('delivered_events_per_s'), 0)}/"
+                f"{_fmt(e.get('offered_events_per_s'), 0)} | "
+                f"{load} |"
+            )
+    return lines
+
+
 def plot(doc: dict[str, Any], out: Path) -> bool:
     """Latency percentiles and CPU per event against concurrency, one line per path."""
     try:
@@ -332,6 +568,7 @@ def plot(doc: dict[str, Any], out: Path) -> bool:
     except ImportError:
         return False
     levels = doc["results"].get("b_concurrency", {}).get("levels", [])
+    aligned = doc["results"].get("g_aligned", {}).get("levels", [])
     if not levels:
         return False
     names: list[str] = []
@@ -358,6 +595,13 @@ def plot(doc: dict[str, Any], out: Path) -> bool:
         ax_lat.plot(xs, p99, "s--", color=color, label=f"{name} p99")
         if cpu:
             ax_cpu.plot(cpu_x, cpu, "o-", color=color, label=name)
+        in_step = [
+            (level["streams"], e["proxy_cpu_us_per_event"])
+            for level in aligned
+            if (e := level["per_path"].get(name)) and e.get("proxy_cpu_us_per_event")
+        ]
+        if in_step:
+            ax_cpu.plot(*zip(*in_step, strict=True), "x:", color=color, label=f"{name} aligned")
     tps = doc["results"]["b_concurrency"]["tps"]
     ax_lat.set(
         xscale="log",
@@ -372,7 +616,7 @@ def plot(doc: dict[str, Any], out: Path) -> bool:
         xscale="log",
         xlabel=f"concurrent streams ({tps:g} events/s each)",
         ylabel="proxy CPU per event (µs)",
-        title="Proxy CPU per event",
+        title="Proxy CPU per event (dotted: all streams in one decode step)",
     )
     ax_cpu.grid(True, which="both", alpha=0.3)
     ax_cpu.legend(fontsize=8)

@@ -1,5 +1,10 @@
 """The scenarios of a run, each measured on every path, interleaved.
 
+Two shapes of stream load: in (b) each stream's events come at its own
+phase (streams start spread over a ramp, and each event is its own upstream
+write and read); in (g) every stream's events come in the upstream's one
+shared decode step, as a batching engine emits them.
+
 Interleaving: a scenario runs in rounds, and each round visits every path
 once, in an order rotated from round to round, so slow drift of the
 machine (other work, thermal state) lands on all paths alike. The direct
@@ -37,9 +42,12 @@ from bench.paths import (
 )
 from bench.stats import added, percentiles, ratio
 
-__all__ = ["FULL", "QUICK", "Bench", "Plan"]
+__all__ = ["ALIGNED_PATHS", "FULL", "QUICK", "Bench", "Plan"]
 
 CHAT_PATH = "/v1/chat/completions"
+
+#: The paths scenario (g) loads: the baseline, the sidecars, and nginx to compare with.
+ALIGNED_PATHS = ("direct", "sidecar", "sidecar-uvloop", "nginx")
 
 
 @dataclass(frozen=True)
@@ -62,8 +70,11 @@ class Plan:
     max_levels: tuple[int, ...]
     #: Scenario (c): bisection steps between the sweep's levels, per sidecar.
     refine_steps: int
-    #: Scenario (d): idle streams per proxy, each proxy freshly started.
-    idle_streams: int
+    #: Scenario (g): concurrent streams at ``sweep_tps`` each, all in one decode step.
+    aligned_levels: tuple[int, ...]
+    aligned_rounds: int
+    #: Scenario (d): idle stream counts per proxy (each in a fresh proxy if asked).
+    idle_counts: tuple[int, ...]
     fresh_for_idle: bool
     #: Scenarios (e) and (f): samples per path.
     cancel_samples: int
@@ -93,7 +104,9 @@ QUICK = Plan(
     key_rounds=1,
     max_levels=(),
     refine_steps=0,
-    idle_streams=100,
+    aligned_levels=(50,),
+    aligned_rounds=1,
+    idle_counts=(50, 100),
     fresh_for_idle=False,
     cancel_samples=5,
     ttft_samples=5,
@@ -112,11 +125,14 @@ FULL = Plan(
     levels=(10, 200, 500, 1000, 2000),
     sweep_tps=20,
     measure_s=3.0,
-    key_levels=(200, 1000),
+    key_levels=(200, 500, 1000),
     key_rounds=2,
     max_levels=(2500, 3000, 4000),
     refine_steps=3,
-    idle_streams=10_000,
+    aligned_levels=(500, 1000),
+    aligned_rounds=2,
+    # 1,000: issue 11's figure; 10,000: issue 7's (capped by the descriptor limit).
+    idle_counts=(1000, 10_000),
     fresh_for_idle=True,
     cancel_samples=200,
     ttft_samples=100,
@@ -218,8 +234,14 @@ class Bench:
         result: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
         return result
 
-    def stream_window(self, name: str, streams: int, tps: float, measure_s: float) -> Cell:
-        """One measured window of ``streams`` streams at ``tps`` through one path."""
+    def stream_window(
+        self, name: str, streams: int, tps: float, measure_s: float, align: bool = False
+    ) -> Cell:
+        """One measured window of ``streams`` streams at ``tps`` through one path.
+
+        ``align``: every stream's events in the upstream's shared decode
+        step, instead of each stream at its own phase.
+        """
         plan = self.plan
         running = self.paths[name]
         assert self.upstream is not None
@@ -238,6 +260,7 @@ class Bench:
             "ramp_s": ramp,
             "settle_s": plan.settle_s,
             "measure_s": measure_s,
+            "align": align,
             "samples": str(samples_file),
             "cpu_pids": {"proxy": running.measured, "upstream": self.upstream.measured},
             "machine": True,
@@ -257,6 +280,7 @@ class Bench:
         summary = {
             "streams": streams,
             "tps": tps,
+            "aligned": align,
             "offered_events_per_s": round(offered, 1),
             "delivered_events_per_s": round(events_in_window / window, 1),
             "opened": result["opened"],
@@ -304,7 +328,13 @@ class Bench:
         return out
 
     def load_level(
-        self, streams: int, tps: float, measure_s: float, rounds: int, paths: list[str]
+        self,
+        streams: int,
+        tps: float,
+        measure_s: float,
+        rounds: int,
+        paths: list[str],
+        align: bool = False,
     ) -> dict[str, Any]:
         cells: dict[str, Cell] = {name: Cell() for name in paths}
         for order in self.rounds(rounds):
@@ -312,7 +342,7 @@ class Bench:
                 if name not in cells:
                     continue
                 try:
-                    cell = self.stream_window(name, streams, tps, measure_s)
+                    cell = self.stream_window(name, streams, tps, measure_s, align)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     self.log(f"  {name}: window failed: {exc}")
                     cells[name].windows.append({"error": str(exc)[:500]})
@@ -324,7 +354,8 @@ class Bench:
                 w = cell.windows[0]
                 p = percentiles(sorted(cell.samples))
                 self.log(
-                    f"  {streams:>5} x {tps:g}/s {name:<15} p50 {p['p50']} ms p99 {p['p99']} ms "
+                    f"  {streams:>5} x {tps:g}/s{' aligned' if align else ''} {name:<15} "
+                    f"p50 {p['p50']} ms p99 {p['p99']} ms "
                     f"rate {w['delivered_events_per_s']:.0f}/{w['offered_events_per_s']:.0f} "
                     f"cpu/event {w['proxy_cpu_us_per_event']} us util {w['cpu_util']} "
                     f"other {w['other_cpu_util']}"
@@ -425,6 +456,29 @@ class Bench:
                 high = middle
         record["refined"] = steps
 
+    def aligned(self) -> None:
+        """Scenario (g): the streams' events all in one decode step, at each aligned level."""
+        plan = self.plan
+        levels_out = []
+        for streams in plan.aligned_levels:
+            paths = [p for p in self.live() if p in ALIGNED_PATHS]
+            if not [p for p in paths if p != "direct"]:
+                break
+            self.log(f"(g) {streams} streams at {plan.sweep_tps:g} events/s, one decode step")
+            per_path = self.load_level(
+                streams, plan.sweep_tps, plan.measure_s, plan.aligned_rounds, paths, align=True
+            )
+            compare(per_path)
+            levels_out.append(
+                {
+                    "streams": streams,
+                    "tps": plan.sweep_tps,
+                    "rounds": plan.aligned_rounds,
+                    "per_path": per_path,
+                }
+            )
+        self.results["g_aligned"] = {"tps": plan.sweep_tps, "levels": levels_out}
+
     def cancel(self) -> None:
         plan = self.plan
         assert self.upstream is not None
@@ -497,36 +551,42 @@ class Bench:
         # no CAP_SYS_RESOURCE, hard limit 20,000), so the plan's count is
         # capped to what one process can hold, with room for its other files.
         fd_limit = procfs.raise_fd_limit()
-        count = min(plan.idle_streams, (fd_limit - 200) // 2)
-        if count < plan.idle_streams:
-            self.log(f"(d) {plan.idle_streams} idle streams need more descriptors than {fd_limit}")
-        self.log(f"(d) {count} idle streams per proxy")
-        per_path: dict[str, Any] = {}
-        for name in [n for n in self.live() if n != "direct"]:
-            if plan.fresh_for_idle:
-                # A fresh process: a heap that already grew in earlier scenarios
-                # would hide the new streams' memory in its free lists.
-                self.restart(name)
-                if name not in self.paths:
+        counts = []
+        for planned in plan.idle_counts:
+            count = min(planned, (fd_limit - 200) // 2)
+            if count < planned:
+                self.log(f"(d) {planned} idle streams need more descriptors than {fd_limit}")
+            self.log(f"(d) {count} idle streams per proxy")
+            per_path: dict[str, Any] = {}
+            for name in [n for n in self.live() if n != "direct"]:
+                if plan.fresh_for_idle:
+                    # A fresh process: a heap that already grew in earlier scenarios
+                    # would hide the new streams' memory in its free lists.
+                    self.restart(name)
+                    if name not in self.paths:
+                        continue
+                try:
+                    if plan.idle_warmup:
+                        self._idle(name, plan.idle_warmup)  # imports, pools, caches warmed up
+                    per_path[name] = self._idle(name, count)
+                except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+                    self.log(f"  {name}: idle run failed: {exc}")
+                    per_path[name] = {"error": str(exc)[:500]}
                     continue
-            try:
-                if plan.idle_warmup:
-                    self._idle(name, plan.idle_warmup)  # imports, pools, caches warmed up
-                per_path[name] = self._idle(name, count)
-            except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
-                self.log(f"  {name}: idle run failed: {exc}")
-                per_path[name] = {"error": str(exc)[:500]}
-                continue
-            self.log(f"  {name:<15} {per_path[name]}")
-        nginx = per_path.get("nginx", {}).get("kib_per_stream")
-        for entry in per_path.values():
-            if "kib_per_stream" in entry:
-                entry["ratio_vs_nginx"] = ratio(entry["kib_per_stream"], nginx)
+                self.log(f"  {name:<15} {per_path[name]}")
+            nginx = per_path.get("nginx", {}).get("kib_per_stream")
+            for entry in per_path.values():
+                if "kib_per_stream" in entry:
+                    entry["ratio_vs_nginx"] = ratio(entry["kib_per_stream"], nginx)
+            counts.append({"streams": count, "planned_streams": planned, "per_path": per_path})
+        # The largest count's figures at the top level, where earlier runs had them.
+        largest = counts[-1]
         self.results["d_idle_memory"] = {
-            "streams": count,
-            "planned_streams": plan.idle_streams,
+            "streams": largest["streams"],
+            "planned_streams": largest["planned_streams"],
             "fd_limit": fd_limit,
-            "per_path": per_path,
+            "per_path": largest["per_path"],
+            "counts": counts,
         }
 
     def _idle(self, name: str, count: int) -> dict[str, Any]:
@@ -588,6 +648,7 @@ class Bench:
             self.cancel()
             self.single_stream()
             self.sweep()
+            self.aligned()
             self.idle_memory()
         finally:
             self.stop()

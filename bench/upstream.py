@@ -4,16 +4,24 @@ Not the project's mock (``streamwarden mock-upstream``): the mock is an
 aiohttp application with a task, a pacing loop and fault machinery per
 stream, and it saturates one core at a few thousand events per second,
 which is below what the sidecar must sustain. This server is one
-``asyncio.Protocol`` per connection with a loop timer per stream: about 5 µs
-of CPU per event on uvloop, so the upstream is never the bottleneck of a
-path it is compared on (the harness reports its CPU use per window anyway).
+``asyncio.Protocol`` per connection with a loop timer per stream (or one
+timer per decode step for aligned streams): about 5 µs of CPU per event on
+uvloop, so the upstream is never the bottleneck of a path it is compared on
+(the harness reports its CPU use per window anyway).
 
 Requests (the query string carries the knobs, the body is read and ignored):
 
 - ``?tps=R&n=N``: ``N`` token events, one every ``1/R`` s on an absolute
-  schedule, the first at once; then a finishing chunk with usage and
-  ``data: [DONE]``. Each event's ``id`` holds ``time.monotonic_ns()`` taken
-  just before it is written.
+  schedule of the stream's own (its phase is when its request arrived),
+  the first at once; then a finishing chunk with usage and ``data:
+  [DONE]``. Each event's ``id`` holds ``time.monotonic_ns()`` taken just
+  before it is written.
+- ``?tps=R&n=N&align=1``: the same events, but after the first one the
+  stream joins the *decode step* of its rate: one timer per rate, on a grid
+  of ``1/R`` s shared by every aligned stream, writes one event to each of
+  them in turn, as a batching engine (vLLM, TGI, SGLang) emits the tokens
+  of one step of its whole batch. Each write is still stamped just before
+  it is made.
 - ``?idle=1&cid=X``: response headers, then silence. When the connection
   closes, the time the close was seen is kept under ``X``.
 - ``?mode=json&n=N``: a non-streamed completion with ``Content-Length``.
@@ -51,10 +59,71 @@ _MAX_HEAD = 64 * 1024
 
 
 class Upstream:
-    """State shared by every connection: the recorded close times."""
+    """State shared by every connection: the recorded close times, the decode steps."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self.closes: dict[str, int] = {}
+        self.steps: dict[float, DecodeStep] = {}
+
+    def step(self, period: float) -> DecodeStep:
+        step = self.steps.get(period)
+        if step is None:
+            step = self.steps[period] = DecodeStep(self.loop, period)
+        return step
+
+
+class DecodeStep:
+    """One batch's decode steps: every ``period`` s, one event to each member stream.
+
+    The steps sit on a grid of the loop's clock (multiples of ``period``), so
+    every aligned stream of one rate, whenever it started, gets its events
+    in the same callback as all the others. Members are written in the order
+    they joined, as an engine walks its batch.
+    """
+
+    __slots__ = ("_index", "_loop", "_period", "_running", "_timer", "members")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
+        self._loop = loop
+        self._period = period
+        self._timer: asyncio.TimerHandle | None = None
+        self._running = False
+        #: The grid index of the next step (an integer: a float grid read back
+        #: from a millisecond clock can land a hair before its own step).
+        self._index = 0
+        #: The streams in the batch (a dict: insertion-ordered, O(1) removal).
+        self.members: dict[Connection, None] = {}
+
+    def join(self, member: Connection) -> None:
+        self.members[member] = None
+        if self._timer is None and not self._running:
+            self._arm()
+
+    def leave(self, member: Connection) -> None:
+        self.members.pop(member, None)
+        if not self.members and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self) -> None:
+        period = self._period
+        # The next step of the grid, never one already run, never one long past.
+        self._index = max(self._index + 1, int(self._loop.time() / period))
+        self._timer = self._loop.call_at(self._index * period, self._run)
+
+    def _run(self) -> None:
+        self._timer = None
+        self._running = True
+        try:
+            # A copy: a stream leaves as it ends, and its connection's next
+            # request (a proxy's pooled connection) may join meanwhile.
+            for member in list(self.members):
+                member.step()
+        finally:
+            self._running = False
+        if self.members:
+            self._arm()
 
 
 class Connection(asyncio.Protocol):
@@ -73,6 +142,7 @@ class Connection(asyncio.Protocol):
         "_period",
         "_server",
         "_start",
+        "_step",
         "_streaming",
         "_timer",
         "_transport",
@@ -94,6 +164,8 @@ class Connection(asyncio.Protocol):
         self._n = 0
         self._period = 0.0
         self._start = 0.0
+        #: The decode step this stream is aligned to, if it is.
+        self._step: DecodeStep | None = None
 
     # -- asyncio callbacks ---------------------------------------------------
 
@@ -126,6 +198,9 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._step is not None:
+            self._step.leave(self)
+            self._step = None
 
     def _parse(self) -> None:
         buf = self._buf
@@ -187,23 +262,42 @@ class Connection(asyncio.Protocol):
         self._k = 0
         self._period = 1.0 / float(params.get("tps", "50"))
         self._start = self._loop.time()
+        if params.get("align") == "1":
+            # The first event at once (the prefill is done), the rest in step.
+            if not self.step():
+                self._step = self._server.step(self._period)
+                self._step.join(self)
+            return
         self._tick()
 
-    def _tick(self) -> None:
-        self._timer = None
+    def step(self) -> bool:
+        """Write the stream's next event (or its end); ``True`` once the stream is done."""
         if self._closed:
-            return
+            return True
         transport = self._transport
         assert transport is not None
         k = self._k
         if k < self._n:
             transport.write(chunk(token_event(time.monotonic_ns(), k)))
             self._k = k + 1
-            self._timer = self._loop.call_at(self._start + (k + 1) * self._period, self._tick)
-            return
+            return False
+        step, self._step = self._step, None
+        if step is not None:
+            step.leave(self)
+        self._end()
+        return True
+
+    def _end(self) -> None:
+        transport = self._transport
+        assert transport is not None
         transport.write(chunk(final_events(time.monotonic_ns(), self._n)) + LAST_CHUNK)
         self._streaming = False
         self._parse()  # a proxy's pooled connection may already carry the next request
+
+    def _tick(self) -> None:
+        self._timer = None
+        if not self.step():
+            self._timer = self._loop.call_at(self._start + self._k * self._period, self._tick)
 
     def _abort(self) -> None:
         if self._transport is not None:
@@ -212,7 +306,7 @@ class Connection(asyncio.Protocol):
 
 async def serve(host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
-    state = Upstream()
+    state = Upstream(loop)
     server = await loop.create_server(
         lambda: Connection(state, loop), host, port, backlog=4096, reuse_address=True
     )
