@@ -112,6 +112,34 @@ class StreamMetrics:
             registry=r,
         )
 
+        self.refused = Counter(
+            "streamwarden_refused_connections",
+            "Client connections the proxy answered or cut itself (slow or malformed heads).",
+            ["reason"],
+            registry=r,
+        )
+        self.websockets = Counter(
+            "streamwarden_websocket_sessions",
+            "WebSocket sessions relayed, by how they ended.",
+            ["end_state"],
+            registry=r,
+        )
+        self.active_websockets = Gauge(
+            "streamwarden_active_websockets", "WebSocket sessions in flight.", registry=r
+        )
+
+    def websocket_session(self, end: str | None) -> None:
+        """A WebSocket session started (``None``) or ended, and how."""
+        if end is None:
+            self.active_websockets.inc()
+            return
+        self.websockets.labels(end).inc()
+        if end != "refused":
+            self.active_websockets.dec()
+
+    def connection_refused(self, reason: str) -> None:
+        self.refused.labels(reason).inc()
+
     def observe_gap(self, seconds: float) -> None:
         self.inter_token.observe(seconds)
 

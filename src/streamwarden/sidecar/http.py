@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -38,19 +39,64 @@ from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner"]
+__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner", "RateLimitedWarnings"]
 
 #: How a write to a client that has gone surfaces.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
 
 log = logging.getLogger("streamwarden.proxy")
 
+#: Called with the reason of every connection the listener refuses itself.
+RefusalCounter = Callable[[str], None]
+
+
+class RateLimitedWarnings:
+    """At most one warning line per reason per ``interval``; the rest are only counted.
+
+    A flood of slowloris or malformed connections must not become a flood
+    of log lines (the metric counts every one of them).
+    """
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self._interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warn(self, reason: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval:
+            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+            return
+        self._last[reason] = now
+        suppressed = self._suppressed.pop(reason, 0)
+        if suppressed:
+            message += " (%d more like it since the last such line)"
+            args = (*args, suppressed)
+        log.warning(message, *args)
+
 
 class _GuardedRequestHandler(RequestHandler):
-    __slots__ = ("_header_deadline", "_header_timer", "_requests_at_arm", "on_client_gone")
+    __slots__ = (
+        "_header_deadline",
+        "_header_timer",
+        "_on_refused",
+        "_requests_at_arm",
+        "_warnings",
+        "on_client_gone",
+    )
 
-    def __init__(self, *args: Any, header_deadline: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        header_deadline: float,
+        on_refused: RefusalCounter | None,
+        warnings: RateLimitedWarnings,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self._on_refused = on_refused
+        self._warnings = warnings
         self._header_deadline = header_deadline
         self._header_timer: asyncio.TimerHandle | None = None
         self._requests_at_arm = 0
@@ -104,11 +150,20 @@ class _GuardedRequestHandler(RequestHandler):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        log.warning("request headers not complete after %gs: closing", self._header_deadline)
+        self._refused("header_timeout")
+        self._warnings.warn(
+            "header_timeout",
+            "request headers not complete after %gs: closing",
+            self._header_deadline,
+        )
         transport.write(
             b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
         transport.close()
+
+    def _refused(self, reason: str) -> None:
+        if self._on_refused is not None:
+            self._on_refused(reason)
 
     def handle_error(
         self,
@@ -123,8 +178,11 @@ class _GuardedRequestHandler(RequestHandler):
         # it was reading headers.
         in_headers = bool(getattr(self._parser, "_lines", None))
         status, reason = _refusal(exc, in_headers)
+        self._refused(_REFUSAL_LABELS.get(reason, "malformed"))
         # One line, no request bytes: they may carry credentials.
-        log.warning("refused a malformed request from %s: %s", request.remote, reason)
+        self._warnings.warn(
+            reason, "refused a malformed request from %s: %s", request.remote, reason
+        )
         response = web.Response(status=status, text=f"{status} {reason}\n")
         response.force_close()
         return response
@@ -182,6 +240,14 @@ class ClientChannel:
         self._transport.abort()
 
 
+# The metric label of each refusal reason (a small fixed set).
+_REFUSAL_LABELS = {
+    "request header too long": "header_too_long",
+    "too many request headers": "too_many_headers",
+    "request line too long": "request_line_too_long",
+    "malformed request": "malformed",
+}
+
 _HEADER_PARSING = ("cb_on_header_field", "cb_on_header_value")
 
 
@@ -200,11 +266,23 @@ def _refusal(exc: BadHttpMessage, in_headers: bool) -> tuple[int, str]:
     return 400, "malformed request"
 
 
+_SHARED_WARNINGS = RateLimitedWarnings()
+
+
 class _GuardedServer(web.Server):
     def __call__(self) -> RequestHandler:
         kwargs = dict(self._kwargs)
         deadline = float(kwargs.pop("header_deadline", 0.0))
-        return _GuardedRequestHandler(self, loop=self._loop, header_deadline=deadline, **kwargs)
+        on_refused = kwargs.pop("on_refused", None)
+        warnings = kwargs.pop("warnings", None) or _SHARED_WARNINGS
+        return _GuardedRequestHandler(
+            self,
+            loop=self._loop,
+            header_deadline=deadline,
+            on_refused=on_refused,
+            warnings=warnings,
+            **kwargs,
+        )
 
 
 class GuardedAppRunner(web.AppRunner):

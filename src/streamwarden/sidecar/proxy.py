@@ -53,7 +53,7 @@ from streamwarden.sidecar.upstream import (
     open_exchange,
     request_head,
 )
-from streamwarden.sidecar.websocket import WebSocketRelay, is_websocket
+from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
 
 __all__ = ["Proxy"]
 
@@ -83,12 +83,14 @@ class Proxy:
         settings: Settings,
         tracker: StreamTracker,
         gap_observer: GapObserver | None = None,
+        websocket_listener: SessionListener | None = None,
     ) -> None:
         if settings.upstream is None:
             raise ValueError("an upstream is required")
         self.settings = settings
         self.tracker = tracker
         self._gap_observer = gap_observer
+        self._websocket_listener = websocket_listener
         self._extra_types = frozenset(t.lower() for t in settings.stream_media_types)
         upstream = settings.upstream
         self._authorization: str | None = None
@@ -132,7 +134,9 @@ class Proxy:
             )
         else:
             connector = aiohttp.TCPConnector(limit=0, ssl=context if context is not None else True)
-        self._websockets = WebSocketRelay(connector)
+        self._websockets = WebSocketRelay(
+            connector, settings.keepalive_interval, self._websocket_listener
+        )
 
     async def close(self) -> None:
         if self._websockets is not None:

@@ -27,7 +27,7 @@ from streamwarden.config import Settings
 from streamwarden.headers import redact_url
 from streamwarden.logs import stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
-from streamwarden.sidecar.http import GuardedAppRunner
+from streamwarden.sidecar.http import GuardedAppRunner, RateLimitedWarnings
 from streamwarden.sidecar.proxy import Proxy
 from streamwarden.sidecar.streams import StreamTracker
 
@@ -53,7 +53,12 @@ class Sidecar:
         self.metrics = StreamMetrics(active=lambda: len(self.tracker.active))
         self.tracker.listeners.append(self.metrics.stream_finished)
         self.tracker.listeners.append(stream_logger())
-        self.proxy = Proxy(settings, self.tracker, gap_observer=self.metrics.observe_gap)
+        self.proxy = Proxy(
+            settings,
+            self.tracker,
+            gap_observer=self.metrics.observe_gap,
+            websocket_listener=self.metrics.websocket_session,
+        )
         self.draining = False
         self._proxy_runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -113,6 +118,8 @@ class Sidecar:
             max_field_size=settings.max_header_bytes,
             max_headers=settings.max_headers,
             header_deadline=settings.request_header_timeout,
+            on_refused=self.metrics.connection_refused,
+            warnings=RateLimitedWarnings(),
         )
         await self._proxy_runner.setup()
         host, port = _split(self.settings.listen)
