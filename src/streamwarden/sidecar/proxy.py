@@ -62,6 +62,8 @@ log = logging.getLogger("streamwarden.proxy")
 # Request headers that describe this hop's message framing or expectation,
 # rebuilt (or answered) by the sidecar itself.
 _REBUILT = frozenset({"host", "expect", "content-length", "transfer-encoding"})
+# Methods whose requests may be sent twice (RFC 9110 section 9.2.2).
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 def refuse(kind: RefusalKind, **values: object) -> web.Response:
@@ -221,6 +223,7 @@ class Proxy:
                 body,
                 head_only=request.method == "HEAD",
                 headers_timeout=self.settings.upstream_headers_timeout,
+                idempotent=request.method in _IDEMPOTENT or "Idempotency-Key" in request.headers,
             )
         )
         try:

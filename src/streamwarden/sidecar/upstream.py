@@ -176,10 +176,7 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            if self._head_error is not None:
-                self._fail(self._head_error)
-            elif self._state != _COMPLETE:  # a HEAD response stops the parser on purpose
-                self._fail(UpstreamBroken("the upstream response could not be parsed"))
+            self._fail(self._head_error or UpstreamBroken("the upstream response was refused"))
         except httptools.HttpParserUpgrade:
             self._fail(UpstreamBroken("the upstream switched protocols unasked"))
         except httptools.HttpParserError:
@@ -219,6 +216,8 @@ class UpstreamConnection(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._state == _COMPLETE:
+            self._poison()
         self._raw_headers = []
         self._reason = b""
 
@@ -262,15 +261,15 @@ class UpstreamConnection(asyncio.Protocol):
             # read brings, and read no more until then.
             self._pause_reading()
         if self._head_only:
-            # llhttp cannot be told that this answers a HEAD: the message ends
-            # here, and the connection is not reused (what follows the head,
-            # if anything, would be parsed as a body).
-            self._keep_alive = False
+            # llhttp cannot be told that this answers a HEAD and waits for the
+            # body the headers describe: the exchange ends here, and any byte
+            # that follows (parsed as that body) poisons the connection.
             self._finish_body()
-            raise _HeadDone
 
     def on_body(self, body: bytes) -> None:
         if self._state != _BODY:
+            if self._state == _COMPLETE:
+                self._poison()  # bytes after a HEAD answer's head
             return
         sink = self._sink
         if sink is not None:
@@ -402,6 +401,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- internals -------------------------------------------------------------
 
+    def _poison(self) -> None:
+        """Bytes arrived that no request asked for: never reuse this connection."""
+        self._keep_alive = False
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
@@ -447,10 +453,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._cancel_idle_timer()
         if seconds > 0:
             self._idle_timer = self._loop.call_later(seconds, self.close)
-
-
-class _HeadDone(Exception):
-    """Stops the parser after the head of a response to HEAD (see on_headers_complete)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -661,16 +663,20 @@ async def open_exchange(
     *,
     head_only: bool,
     headers_timeout: float,
+    idempotent: bool,
 ) -> Exchange:
     """Send a request and wait for the upstream's response head.
 
     A pooled connection can go stale in the instant it is picked (the
-    upstream closed it as idle). If one breaks before any byte of an answer
-    and the request can be sent again whole (it had no body, or all of it
-    was in hand), the request goes once more on a new connection; any other
-    failure is the caller's to report.
+    upstream closed it as idle just as the request went out). If one breaks
+    before any byte of an answer, the request goes once more on a new
+    connection, but only when sending it twice is safe: an idempotent
+    method, or an ``Idempotency-Key`` header (RFC draft, as Stripe and
+    OpenAI use it), and a body that is wholly in hand. A POST that starts a
+    generation is never sent twice (the upstream may have begun it); any
+    other failure is the caller's to report.
     """
-    replayable = body is None or body.rest is None
+    replayable = (body is None or body.rest is None) and idempotent
     for attempt in (1, 2):
         connection = await pool.acquire()
         reused = connection.exchanges > 0
