@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from streamwarden.meter import StreamRecord
 
-__all__ = ["CONTENT_TYPE_LATEST", "StreamMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "StreamMetrics", "metric_table"]
 
 # Time to first token: from 10 ms (a warm small model) to 60 s (huge prompts).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
@@ -164,3 +164,25 @@ class StreamMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def metric_table() -> str:
+    """The README's metric table, made from the collectors themselves.
+
+    ``python -m streamwarden.metrics`` prints it; a test holds the README to
+    it, so the table is never kept by hand.
+    """
+    metrics = StreamMetrics()
+    rows = ["| metric | type | labels | what it counts |", "|---|---|---|---|"]
+    for collector in metrics.__dict__.values():
+        if not isinstance(collector, Counter | Gauge | Histogram):
+            continue
+        described = next(iter(collector.describe()))
+        name = described.name + ("_total" if described.type == "counter" else "")
+        labels = ", ".join(f"`{label}`" for label in collector._labelnames) or "–"
+        rows.append(f"| `{name}` | {described.type} | {labels} | {described.documentation} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(metric_table(), end="")
