@@ -6,8 +6,9 @@
 which is what CI runs: seconds long, to keep the harness working, not to
 produce numbers).
 
-``profile`` loads one path and samples its process with py-spy (see
-:mod:`bench.profile`).
+``report FILE`` writes a results file's tables and plot again (after a
+change to :mod:`bench.report`). ``profile`` loads one path and samples its
+process with py-spy (see :mod:`bench.profile`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def rerender(args: argparse.Namespace) -> int:
+    """A results file's tables and plot again, with the current report code."""
+    doc = json.loads(args.file.read_text())
+    doc["targets"] = evaluate_targets(doc["results"])
+    out: Path = args.file.parent
+    (out / "latest.md").write_text(markdown(doc) + "\n")
+    if not args.no_plot:
+        plot(doc, out / "latest.png")
+    if doc["plan"] == "full" and out.resolve() == (REPO / "bench" / "results").resolve():
+        publish(markdown(doc))
+    print(f"bench: wrote {out / 'latest.md'} from {args.file}", file=sys.stderr)
+    return 0
+
+
 def experiment(args: argparse.Namespace) -> int:
     """The base sidecar and each patched variant, interleaved windows, one load level."""
     from bench.scenarios import compare
@@ -150,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         help="scheduling priority for every bench process (e.g. -10 on a machine shared "
         "with other jobs; negative values need root)",
     )
+    report_parser = commands.add_parser(
+        "report", help="write a results file's tables (latest.md, bench/README.md) and plot again"
+    )
+    report_parser.add_argument("file", type=Path, help="a results JSON of `bench run`")
+    report_parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     profile_parser = commands.add_parser("profile", help="py-spy profile of one path under load")
     profile_parser.add_argument(
         "--path", default="sidecar", help="a Python path, or a patched sidecar (sidecar+PATCH)"
@@ -194,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.command == "experiment":
         return experiment(args)
+    if args.command == "report":
+        return rerender(args)
     from bench.profile import memory_profile, profile
 
     if args.memory:

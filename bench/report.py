@@ -275,6 +275,7 @@ def markdown(doc: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v is not None)
         + ".",
         *_source_line(env.get("source")),
+        *_noise_line(r),
         "",
         "All times in milliseconds. *Added* = the path's percentile minus the direct "
         "path's percentile from the same scenario of the same run; ×direct and ×nginx "
@@ -513,6 +514,32 @@ def _issue_11_table(doc: dict[str, Any]) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     return lines
+
+
+def _noise_line(results: dict[str, Any]) -> list[str]:
+    """How much of the machine other jobs took during the load windows (the run's noise)."""
+    others = sorted(
+        w["other_cpu_util"]
+        for key in ("b_concurrency", "g_aligned")
+        for level in results.get(key, {}).get("levels", [])
+        for entry in level["per_path"].values()
+        for w in entry["windows"]
+        if "other_cpu_util" in w
+    )
+    if not others:
+        return []
+    median = others[len(others) // 2]
+    line = (
+        f"Other jobs on the machine during the load windows of (b) and (g): median "
+        f"{median * 100:.0f}% of one core, most {others[-1] * 100:.0f}% (of {len(others)} "
+        "windows; the machine has 200%)."
+    )
+    if median > 0.3:
+        line += (
+            " **A noisy run:** the latencies (and to a lesser degree the CPU figures) "
+            "are not the proxies' alone; compare paths within this run only."
+        )
+    return [line]
 
 
 def _source_line(source: dict[str, Any] | None) -> list[str]:
