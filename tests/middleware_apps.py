@@ -21,7 +21,9 @@ Then ``raw``, ``starlette`` or ``sse-starlette``, then the behaviour:
 
 Each app's generator (or raw loop) writes ``time.monotonic()`` to
 ``$SWTEST_FINALLY_DIR/<id>`` in its ``finally``; CLOCK_MONOTONIC is shared
-by all processes, so a test compares it with its own clock.
+by all processes, so a test compares it with its own clock. A ``silent``
+app also writes ``<id>.waiting`` as it starts to wait on its provider, so a
+test can tell when the app is there.
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ def mark_finally(request_id: str | None) -> None:
         Path(directory, request_id).write_text(repr(time.monotonic()))
 
 
+async def wait_on_silent_provider(request_id: str | None) -> None:
+    """Await a provider that has gone quiet, after saying so in ``<id>.waiting``."""
+    directory = os.environ.get(FINALLY_DIR_ENV)
+    if directory and request_id:
+        Path(directory, f"{request_id}.waiting").write_text(repr(time.monotonic()))
+    await asyncio.sleep(SILENCE)
+
+
 def _query(scope: Scope) -> dict[str, str]:
     raw = scope.get("query_string", b"").decode("latin-1")
     return {k: v[-1] for k, v in parse_qs(raw).items()}
@@ -90,7 +100,7 @@ async def raw_app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         await body(b"data: first\n\n")
         if action == "silent":
-            await asyncio.sleep(SILENCE)  # awaiting a provider that has gone quiet
+            await wait_on_silent_provider(query.get("id"))
         elif action == "quiet":
             await asyncio.sleep(float(query.get("s", "1")))
         elif action == "split":
@@ -113,7 +123,7 @@ async def _starlette_stream(request: Request) -> StreamingResponse:
         try:
             yield b"data: first\n\n"
             if action == "silent":
-                await asyncio.sleep(SILENCE)
+                await wait_on_silent_provider(query.get("id"))
             elif action == "quiet":
                 await asyncio.sleep(float(query.get("s", "1")))
             elif action == "split":
@@ -136,7 +146,8 @@ async def _sse_starlette_stream(request: Request) -> EventSourceResponse:
     async def events() -> AsyncIterator[dict[str, str]]:
         try:
             yield {"data": "first"}
-            await asyncio.sleep(SILENCE if request.path_params["action"] == "silent" else 0)
+            if request.path_params["action"] == "silent":
+                await wait_on_silent_provider(query.get("id"))
             yield {"data": "last"}
         finally:
             mark_finally(query.get("id"))

@@ -755,10 +755,11 @@ async def leave_before_headers(
     try:
         writer.write(raw_request(f"/{profile}/{tag}{CHAT}", headers, body))
         await writer.drain()
+        # The mock records a request when it starts on it: the app has read its
+        # body and is awaiting its provider's headers.
         async with asyncio.timeout(2):
-            while stack.mock.stats.get(tag) is None:  # the app reached its provider
+            while stack.mock.stats.get(tag) is None:
                 await asyncio.sleep(0.002)
-        await asyncio.sleep(0.05)
     finally:
         reset(writer)
     return time.monotonic()
@@ -872,7 +873,10 @@ async def test_a_client_leaving_while_the_provider_is_silent_gets_it_closed_at_o
             async with asyncio.timeout(2):
                 while seen.count(b'"content"') < 3:
                     seen += await reader.read(65536)
-            await asyncio.sleep(0.05)  # the provider is silent now (idle timeout: 0.3 s)
+            # The stimulus: the provider stalled after its 3 tokens; the client stays
+            # a little while it is silent (well within the 0.3 s idle timeout), so
+            # that nothing but its leaving can end the app's wait.
+            await asyncio.sleep(0.05)
         finally:
             reset(writer)
         left_at = time.monotonic()

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from middleware_apps import serve_in_process
 from streamwarden.config import SIDECAR_ONLY, Settings
 from streamwarden.middleware import StreamWardenMiddleware
+from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -66,8 +67,8 @@ async def test_without_a_limit_every_stream_reaches_the_app() -> None:
     async with serve_in_process(relay_app(provider)) as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
         streams = [asyncio.create_task(_open_stream(client)) for _ in range(3)]
-        await asyncio.sleep(0.3)
-        assert provider.calls == 3
+        # All three reach the app and stay open there (none is released yet).
+        await wait_for(lambda: provider.calls == 3, what="three streams in the app")
         provider.release.set()
         assert [await s for s in streams] == [["hi"]] * 3
 
@@ -81,9 +82,7 @@ async def test_streams_over_the_limit_get_503_with_retry_after_and_the_app_never
     async with serve_in_process(app) as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
         open_streams = [asyncio.create_task(_open_stream(client)) for _ in range(2)]
-        async with asyncio.timeout(5):
-            while provider.calls < 2:
-                await asyncio.sleep(0.01)
+        await wait_for(lambda: provider.calls == 2, what="two streams in the app")
         async with httpx.AsyncClient(base_url=url) as http:
             async with asyncio.timeout(5):  # admitted, it would wait for the release
                 if ask == "body":
