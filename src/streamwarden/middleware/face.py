@@ -24,7 +24,8 @@ from streamwarden.config import SIDECAR_ONLY, load_settings
 from streamwarden.logs import stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Receive, Scope, Send
-from streamwarden.middleware.responder import FaceContext, StreamResponder, Streams
+from streamwarden.middleware.responder import StreamResponder
+from streamwarden.middleware.streams import FaceContext, Streams
 
 log = logging.getLogger("streamwarden.middleware")
 
