@@ -145,3 +145,60 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "log_format",
         "log_level",
     }
+
+
+def _stream_request() -> dict[str, Any]:
+    return {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "GET",
+        "path": CHAT,
+        "query_string": b"",
+        "headers": [(b"accept", b"text/event-stream")],
+    }
+
+
+async def _no_disconnect() -> dict[str, Any]:
+    await asyncio.Event().wait()  # the client stays
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("answer", ["stream", "json"])
+async def test_a_slot_is_free_by_the_time_the_client_has_the_end_of_its_response(
+    answer: str,
+) -> None:
+    """A client that asks again the moment its answer ends (an agent loop does) gets in.
+
+    The second request is made from inside the server's send() of the first
+    one's last message: from the client's side, no sooner is possible. A
+    slot given back only once the app has unwound (its task group, the
+    middleware's own helpers) refused it with 503: on uvloop, a real client
+    on a kept-alive connection got there first every time.
+    """
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        kind = b"text/event-stream" if answer == "stream" else b"application/json"
+        status = 200 if answer == "stream" else 429
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]}
+        )
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    middleware = StreamWardenMiddleware(app, max_concurrent_streams=1)
+    again: list[asyncio.Task[None]] = []
+    answered: list[dict[str, Any]] = []
+
+    async def second_send(message: dict[str, Any]) -> None:
+        answered.append(message)
+
+    async def first_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            again.append(
+                asyncio.create_task(middleware(_stream_request(), _no_disconnect, second_send))
+            )
+
+    await middleware(_stream_request(), _no_disconnect, first_send)
+    async with asyncio.timeout(5):
+        await again[0]
+    assert answered[0]["status"] == (200 if answer == "stream" else 429)
+    assert middleware.streams.admitted == 0

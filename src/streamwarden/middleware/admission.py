@@ -20,7 +20,9 @@ What the answer is used for:
   the app runs, or is refused with ``503`` and ``Retry-After`` and the app
   never runs. To see ``"stream": true`` in time, the first body message is
   read here, before the app, and handed back to it as its first
-  ``receive()``.
+  ``receive()``. The responder gives the slot back when the response
+  starts as something other than a stream, or as the stream's last bytes
+  leave (or its client is gone), and at the latest when the app returns.
 """
 
 from __future__ import annotations

@@ -198,6 +198,8 @@ class StreamResponder:
             headers = self._stream_headers(message)
             if headers is None:
                 self._phase = _Phase.PASSING
+                # Not a stream: it holds no stream slot, even if it asked for one.
+                self._admission.release()
                 await self._server_send(message)
             else:
                 await self._start_stream(message, headers)
@@ -343,7 +345,7 @@ class StreamResponder:
         writes are bounded by ``client_write_timeout``.
         """
         if last:
-            self._body_closed = True
+            self._close_body()
         message = {"type": "http.response.body", "body": out, "more_body": not last}
         try:
             if bounded:
@@ -364,6 +366,16 @@ class StreamResponder:
             self._app_task.stop()
             return False
         return True
+
+    def _close_body(self) -> None:
+        """No more writes to the client: its stream is over, and so is its slot.
+
+        The slot goes back before the last bytes are handed to the server:
+        a client may ask again the moment it has them (an agent loop does),
+        long before the app and the middleware's helpers have unwound.
+        """
+        self._body_closed = True
+        self._admission.release()
 
     # -- timers --------------------------------------------------------------
 
@@ -416,7 +428,7 @@ class StreamResponder:
             return
         now = self._loop.time()
         self._client_gone = True
-        self._body_closed = True
+        self._close_body()
         self._gone_at = now
         if self._relay is not None:
             self._relay.client_gone(now)
@@ -426,7 +438,7 @@ class StreamResponder:
             return
         now = self._loop.time()
         self._client_gone = True
-        self._body_closed = True
+        self._close_body()
         assert self._relay is not None
         self._relay.client_too_slow(now)
         self._app_task.stop()

@@ -30,7 +30,8 @@ class Streams:
 
     def __init__(self, keep: int = 1000) -> None:
         self.active = 0
-        #: Requests that asked for a stream and are running (max_concurrent_streams).
+        #: Requests holding a max_concurrent_streams slot: they asked for a
+        #: stream, and it (or their response) is not over yet.
         self.admitted = 0
         self.finished: deque[StreamRecord] = deque(maxlen=keep)
         #: Called with each finished stream's record, exactly once per stream.
