@@ -144,14 +144,22 @@ def not_ready(admin: int) -> Callable[[], Awaitable[bool]]:
     return probe
 
 
-async def wait_streaming(mock: MockServer, request_id: str) -> None:
-    """Until the upstream has sent a token of ``request_id``: the stream is in flight."""
+async def stream_in_flight(mock: MockServer, port: int, request_id: str) -> asyncio.Task[bytes]:
+    """A 20 s stream through the sidecar on ``port``, once its upstream has sent a token."""
+    headers = {
+        "x-mock-tps": "20",
+        "x-mock-ttft": "0",
+        "x-mock-tokens": "400",
+        "x-mock-request-id": request_id,
+    }
+    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", headers))
 
     def streaming() -> bool:
         record = mock.stats.get(request_id)
         return record is not None and record.tokens_generated > 0
 
     await wait_for(streaming, what=f"{request_id} streaming")
+    return stream
 
 
 async def wait_port(port: int, timeout: float = 10) -> float:
@@ -194,14 +202,7 @@ async def test_sigterm_drains_then_exits_zero_within_the_drain_timeout(
     sidecar_process: tuple[subprocess.Popen[str], int, int], mock: MockServer
 ) -> None:
     process, port, admin = sidecar_process
-    long = {
-        "x-mock-tps": "20",
-        "x-mock-ttft": "0",
-        "x-mock-tokens": "400",
-        "x-mock-request-id": "drained",
-    }
-    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", long))
-    await wait_streaming(mock, "drained")
+    stream = await stream_in_flight(mock, port, "drained")
     process.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     # 503 from the moment the process handles the signal, all through its drain.
@@ -219,14 +220,7 @@ async def test_a_second_signal_ends_the_process_at_once(
     sidecar_process: tuple[subprocess.Popen[str], int, int], mock: MockServer
 ) -> None:
     process, port, admin = sidecar_process
-    long = {
-        "x-mock-tps": "20",
-        "x-mock-ttft": "0",
-        "x-mock-tokens": "400",
-        "x-mock-request-id": "interrupted",
-    }
-    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", long))
-    await wait_streaming(mock, "interrupted")
+    stream = await stream_in_flight(mock, port, "interrupted")
     process.send_signal(signal.SIGTERM)
     await wait_until(not_ready(admin), what="the drain started")
     process.send_signal(signal.SIGINT)
