@@ -118,6 +118,7 @@ def test_a_sidecar_only_setting_is_accepted_with_a_warning_not_ignored_silently(
         "upstream_ca_bundle": __file__,  # any readable file passes the check
         "listen": "127.0.0.1:1",
         "admin_listen": "127.0.0.1:2",
+        "trusted_proxies": ["10.0.0.0/8"],
     }.get(key, "1s" if "timeout" in key or key.endswith("_after") else 1000)
     with caplog.at_level("WARNING", logger="streamwarden.middleware"):
         StreamWardenMiddleware(FastAPI(), **{key: value})
