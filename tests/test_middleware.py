@@ -489,7 +489,7 @@ async def test_line_framed_streams_get_no_keepalives() -> None:
     async def ndjson(scope: Any, receive: Any, send: Any) -> None:
         await send(start("application/x-ndjson"))
         await send(chunk(b'{"response": "a"}\n'))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # quiet for five keep-alive intervals
         await send(chunk(b'{"response": "b", "done": true}\n', more=False))
 
     app = StreamWardenMiddleware(ndjson, keepalive_interval=0.1)
@@ -612,7 +612,7 @@ async def test_a_background_task_after_the_stream_is_left_alone() -> None:
     done = asyncio.Event()
 
     async def after() -> None:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # still running well after the stream has ended
         done.set()
 
     async def stream(request: Request) -> StreamingResponse:
