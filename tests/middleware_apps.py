@@ -17,24 +17,28 @@ socket. ``app`` routes on its first path segment:
 Then ``raw``, ``starlette`` or ``sse-starlette``, then the behaviour:
 ``silent`` (one event, then a provider that stays silent for 30 s),
 ``quiet?s=`` (one event, quiet for ``s`` seconds, one more, end), ``split?pause=``
-(one event written in two ``send`` calls, ``pause`` seconds apart).
+(one event written in two ``send`` calls, ``pause`` seconds apart); the raw
+app also has ``raise`` (one event, then the app raises).
 
 Each app's generator (or raw loop) writes ``time.monotonic()`` to
 ``$SWTEST_FINALLY_DIR/<id>`` in its ``finally``; CLOCK_MONOTONIC is shared
-by all processes, so a test compares it with its own clock.
+by all processes, so a test compares it with its own clock. A ``silent``
+app also writes ``<id>.waiting`` as it starts to wait on its provider, so a
+test can tell when the app is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -69,6 +73,14 @@ def mark_finally(request_id: str | None) -> None:
         Path(directory, request_id).write_text(repr(time.monotonic()))
 
 
+async def wait_on_silent_provider(request_id: str | None) -> None:
+    """Await a provider that has gone quiet, after saying so in ``<id>.waiting``."""
+    directory = os.environ.get(FINALLY_DIR_ENV)
+    if directory and request_id:
+        Path(directory, f"{request_id}.waiting").write_text(repr(time.monotonic()))
+    await asyncio.sleep(SILENCE)
+
+
 def _query(scope: Scope) -> dict[str, str]:
     raw = scope.get("query_string", b"").decode("latin-1")
     return {k: v[-1] for k, v in parse_qs(raw).items()}
@@ -90,13 +102,15 @@ async def raw_app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         await body(b"data: first\n\n")
         if action == "silent":
-            await asyncio.sleep(SILENCE)  # awaiting a provider that has gone quiet
+            await wait_on_silent_provider(query.get("id"))
         elif action == "quiet":
             await asyncio.sleep(float(query.get("s", "1")))
         elif action == "split":
             await body(b'data: {"half":')
             await asyncio.sleep(float(query.get("pause", "1")))
             await body(b' "two"}\n\n')
+        elif action == "raise":
+            raise RuntimeError("the provider broke off")
         await body(b"data: last\n\n", more=False)
     finally:
         mark_finally(query.get("id"))
@@ -113,7 +127,7 @@ async def _starlette_stream(request: Request) -> StreamingResponse:
         try:
             yield b"data: first\n\n"
             if action == "silent":
-                await asyncio.sleep(SILENCE)
+                await wait_on_silent_provider(query.get("id"))
             elif action == "quiet":
                 await asyncio.sleep(float(query.get("s", "1")))
             elif action == "split":
@@ -136,7 +150,8 @@ async def _sse_starlette_stream(request: Request) -> EventSourceResponse:
     async def events() -> AsyncIterator[dict[str, str]]:
         try:
             yield {"data": "first"}
-            await asyncio.sleep(SILENCE if request.path_params["action"] == "silent" else 0)
+            if request.path_params["action"] == "silent":
+                await wait_on_silent_provider(query.get("id"))
             yield {"data": "last"}
         finally:
             mark_finally(query.get("id"))
@@ -257,6 +272,20 @@ app = _by_first_segment(
     }
 )
 
+#: The log line format of an app that configures Python logging itself.
+APP_LOG_FORMAT = "APP %(levelname)s %(name)s: %(message)s"
+
+
+def app_configuring_logging_late() -> ASGIApp:
+    """``app``, in a process that sets up Python logging only after building it.
+
+    For ``uvicorn --factory``: this module (and every middleware in ``app``)
+    is imported first, with nothing configured, then this runs, as an app's
+    lifespan handler would.
+    """
+    logging.basicConfig(level=logging.INFO, format=APP_LOG_FORMAT)
+    return app
+
 
 # -- real servers in subprocesses ------------------------------------------------------
 
@@ -291,13 +320,28 @@ def server_command(server: str, port: int, target: str = "middleware_apps:app") 
 
 
 class ServerProcess:
-    """One ASGI server in a subprocess of its own session, serving ``app`` on loopback."""
+    """One ASGI server in a subprocess of its own session, serving ``target`` on loopback.
 
-    def __init__(self, server: str, finally_dir: Path, log_path: Path) -> None:
+    Its output (stdout and stderr) goes to ``log_path``. ``STREAMWARDEN_*``
+    variables are not passed on from this process; ``environ`` adds some.
+    ``arguments`` go at the end of the server's command line.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        finally_dir: Path,
+        log_path: Path,
+        *,
+        target: str = "middleware_apps:app",
+        environ: dict[str, str] | None = None,
+        arguments: Sequence[str] = (),
+    ) -> None:
         self.server = server
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.finally_dir = finally_dir
+        self.log_path = log_path
         tests = Path(__file__).parent
         env = {
             **os.environ,
@@ -305,9 +349,10 @@ class ServerProcess:
             FINALLY_DIR_ENV: str(finally_dir),
         }
         env = {k: v for k, v in env.items() if not k.startswith("STREAMWARDEN_")}
+        env.update(environ or {})
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            server_command(server, self.port),
+            [*server_command(server, self.port, target), *arguments],
             cwd=tests.parent,
             env=env,
             stdout=self._log,
@@ -344,10 +389,11 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def running(server: str, workdir: Path) -> Iterator[ServerProcess]:
+def running(server: str, workdir: Path, **options: Any) -> Iterator[ServerProcess]:
+    """A :class:`ServerProcess` (``options`` are its keyword options), stopped at the end."""
     finally_dir = workdir / "finally"
     finally_dir.mkdir(parents=True, exist_ok=True)
-    process = ServerProcess(server, finally_dir, workdir / f"{server}.log")
+    process = ServerProcess(server, finally_dir, workdir / f"{server}.log", **options)
     try:
         process.wait_ready()
         yield process

@@ -31,6 +31,7 @@ from streamwarden.config import Settings, load_settings, parse_duration, parse_s
 from streamwarden.mock import MockServer
 from streamwarden.relay import KEEPALIVE
 from streamwarden.sidecar import Sidecar
+from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 
@@ -473,7 +474,8 @@ async def test_keepalives_hold_a_silent_stream_open_past_nginx_read_timeout(
     site = site_in_front_of(sidecar.proxy_port, port, proxy_read_timeout="1s")
     async with running_nginx(tmp_path / "snippet", site, port) as url:
         body, still_open = await read_for(url, stall, 2.5)
-        await asyncio.sleep(0.1)  # nginx closes the sidecar's side; the stream ends
+        # The client left: nginx closes the sidecar's side, which ends the stream.
+        await wait_for(lambda: bool(sidecar.tracker.finished), what="the stream's end")
     assert still_open
     assert len(TOKEN.findall(body)) == 2
     assert body.count(KEEPALIVE) >= 6

@@ -39,6 +39,7 @@ import pytest
 
 from streamwarden.config import Settings
 from streamwarden.mock import MockServer
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -529,9 +530,13 @@ async def test_the_image_installs_starts_streams_and_drains_on_sigterm(
                     received += await response.content.readany()
                 stopped = time.monotonic()
                 process.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.2)
-                async with session.get(admin_url + "/readyz") as ready:
-                    assert ready.status == 503
+
+                async def not_ready() -> bool:
+                    async with session.get(admin_url + "/readyz") as ready:
+                        return ready.status == 503
+
+                # 503 from the moment the process handles the signal, all through its drain.
+                await wait_until(not_ready, timeout=5, what="/readyz 503 after SIGTERM")
                 async with asyncio.timeout(5):
                     received += await response.read()
             assert b"shutting_down" in received

@@ -220,9 +220,15 @@ async def counting_sidecar(
 ) -> AsyncIterator[tuple[Sidecar, int, int]]:
     sidecar = await start_sidecar(mock.url)
     await post(sidecar.proxy_url + CHAT, FAST)  # warm up pools and lazy objects
-    await asyncio.sleep(0.1)
+    # The baseline once the warm-up's closes have all landed.
+    await wait_until_settled(usage, quiet=0.2)
     gc.collect()
-    yield sidecar, len(asyncio.all_tasks()), len(os.listdir("/proc/self/fd"))
+    yield sidecar, *usage()
+
+
+def usage() -> tuple[int, int]:
+    """(asyncio tasks of this loop, open file descriptors of this process)."""
+    return len(asyncio.all_tasks()), len(os.listdir("/proc/self/fd"))
 
 
 async def test_client_leaving_at_every_point_of_a_stream(
@@ -252,7 +258,8 @@ async def test_client_leaving_at_every_point_of_a_stream(
     async with asyncio.timeout(5):
         while sidecar.tracker.active or any(not r.ended for r in mock.stats.records):
             await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)
+    # Then until the last handler tasks have ended and their sockets closed.
+    await wait_until_settled(usage, quiet=0.2)
     gc.collect()
     states = {str(r.meter.end_state) for r in sidecar.tracker.finished}
     assert states <= {"completed", "client_cancelled"}

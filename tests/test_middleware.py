@@ -40,6 +40,7 @@ from streamwarden.middleware import StreamWardenMiddleware, mount_metrics
 from streamwarden.mock import MockServer
 from streamwarden.relay import KEEPALIVE
 from streamwarden.sse import SSEDecoder
+from waiting import wait_for
 
 FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "30"}
 CHAT = [{"role": "user", "content": "hi"}]
@@ -250,6 +251,8 @@ async def test_disconnect_closes_the_apps_provider_stream_at_once(mock: MockServ
         async with asyncio.timeout(5):
             while seen.count(b"data: ") < 5:
                 seen += await reader.read(4096)
+        # The stimulus: the client stays while its provider is silent, so that
+        # nothing but its leaving can end the app's wait.
         await asyncio.sleep(0.05)
         writer.close()
         closed_at = time.monotonic()
@@ -348,6 +351,9 @@ async def test_other_responses_pass_through_untouched() -> None:
 async def _echo_after_start(scope: Any, receive: Any, send: Any) -> None:
     """Starts its stream first, then reads the request body: the watcher got there first."""
     await send(start("text/event-stream"))
+    # The stimulus: an app busy elsewhere before it reads, while the disconnect
+    # watcher pulls the body (if it does not in time, the body is simply read
+    # straight from the server).
     await asyncio.sleep(0.1)
     size, more = 0, True
     while more:
@@ -368,9 +374,11 @@ async def test_the_request_body_reaches_the_app_even_after_its_stream_started() 
 
 async def test_the_apps_own_disconnect_checks_still_work() -> None:
     seen: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    checking = asyncio.Event()
 
     async def slow(request: Request) -> JSONResponse:
         # A long, non-streamed request that checks for its client itself.
+        checking.set()
         for _ in range(300):
             if await request.is_disconnected():
                 seen.set_result(time.monotonic())
@@ -384,7 +392,8 @@ async def test_the_apps_own_disconnect_checks_still_work() -> None:
         host, port = guarded.removeprefix("http://").split(":")
         _, writer = await asyncio.open_connection(host, int(port))
         writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
-        await asyncio.sleep(0.1)
+        async with asyncio.timeout(5):
+            await checking.wait()  # the app is running, watching its client
         writer.close()
         closed_at = time.monotonic()
         async with asyncio.timeout(2):
@@ -480,7 +489,7 @@ async def test_line_framed_streams_get_no_keepalives() -> None:
     async def ndjson(scope: Any, receive: Any, send: Any) -> None:
         await send(start("application/x-ndjson"))
         await send(chunk(b'{"response": "a"}\n'))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # quiet for five keep-alive intervals
         await send(chunk(b'{"response": "b", "done": true}\n', more=False))
 
     app = StreamWardenMiddleware(ndjson, keepalive_interval=0.1)
@@ -587,8 +596,9 @@ async def test_a_client_leaving_during_the_server_shutdown_stops_the_app_at_once
     async with asyncio.timeout(5):
         while b"data: first" not in received:
             received += await loop.sock_recv(sock, 4096)
-    server.should_exit = True  # the server starts its graceful shutdown
-    await asyncio.sleep(0.2)
+    server.should_exit = True  # the server starts its graceful shutdown ...
+    # ... on its next tick: its first step is to close its listening socket.
+    await wait_for(lambda: not server.servers[0].is_serving(), what="uvicorn shutting down")
     assert not task.done()  # the open stream holds the shutdown
     sock.close()  # the client leaves during it
     left = time.monotonic()
@@ -602,7 +612,7 @@ async def test_a_background_task_after_the_stream_is_left_alone() -> None:
     done = asyncio.Event()
 
     async def after() -> None:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # still running well after the stream has ended
         done.set()
 
     async def stream(request: Request) -> StreamingResponse:

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from middleware_apps import serve_in_process
 from streamwarden.config import SIDECAR_ONLY, Settings
 from streamwarden.middleware import StreamWardenMiddleware
+from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -66,8 +67,8 @@ async def test_without_a_limit_every_stream_reaches_the_app() -> None:
     async with serve_in_process(relay_app(provider)) as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
         streams = [asyncio.create_task(_open_stream(client)) for _ in range(3)]
-        await asyncio.sleep(0.3)
-        assert provider.calls == 3
+        # All three reach the app and stay open there (none is released yet).
+        await wait_for(lambda: provider.calls == 3, what="three streams in the app")
         provider.release.set()
         assert [await s for s in streams] == [["hi"]] * 3
 
@@ -81,9 +82,7 @@ async def test_streams_over_the_limit_get_503_with_retry_after_and_the_app_never
     async with serve_in_process(app) as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
         open_streams = [asyncio.create_task(_open_stream(client)) for _ in range(2)]
-        async with asyncio.timeout(5):
-            while provider.calls < 2:
-                await asyncio.sleep(0.01)
+        await wait_for(lambda: provider.calls == 2, what="two streams in the app")
         async with httpx.AsyncClient(base_url=url) as http:
             async with asyncio.timeout(5):  # admitted, it would wait for the release
                 if ask == "body":
@@ -119,6 +118,7 @@ def test_a_sidecar_only_setting_is_accepted_with_a_warning_not_ignored_silently(
         "upstream_ca_bundle": __file__,  # any readable file passes the check
         "listen": "127.0.0.1:1",
         "admin_listen": "127.0.0.1:2",
+        "trusted_proxies": ["10.0.0.0/8"],
     }.get(key, "1s" if "timeout" in key or key.endswith("_after") else 1000)
     with caplog.at_level("WARNING", logger="streamwarden.middleware"):
         StreamWardenMiddleware(FastAPI(), **{key: value})
@@ -146,3 +146,60 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "log_format",
         "log_level",
     }
+
+
+def _stream_request() -> dict[str, Any]:
+    return {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "GET",
+        "path": CHAT,
+        "query_string": b"",
+        "headers": [(b"accept", b"text/event-stream")],
+    }
+
+
+async def _no_disconnect() -> dict[str, Any]:
+    await asyncio.Event().wait()  # the client stays
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("answer", ["stream", "json"])
+async def test_a_slot_is_free_by_the_time_the_client_has_the_end_of_its_response(
+    answer: str,
+) -> None:
+    """A client that asks again the moment its answer ends (an agent loop does) gets in.
+
+    The second request is made from inside the server's send() of the first
+    one's last message: from the client's side, no sooner is possible. A
+    slot given back only once the app has unwound (its task group, the
+    middleware's own helpers) refused it with 503: on uvloop, a real client
+    on a kept-alive connection got there first every time.
+    """
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        kind = b"text/event-stream" if answer == "stream" else b"application/json"
+        status = 200 if answer == "stream" else 429
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]}
+        )
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    middleware = StreamWardenMiddleware(app, max_concurrent_streams=1)
+    again: list[asyncio.Task[None]] = []
+    answered: list[dict[str, Any]] = []
+
+    async def second_send(message: dict[str, Any]) -> None:
+        answered.append(message)
+
+    async def first_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            again.append(
+                asyncio.create_task(middleware(_stream_request(), _no_disconnect, second_send))
+            )
+
+    await middleware(_stream_request(), _no_disconnect, first_send)
+    async with asyncio.timeout(5):
+        await again[0]
+    assert answered[0]["status"] == (200 if answer == "stream" else 429)
+    assert middleware.streams.admitted == 0

@@ -23,6 +23,7 @@ import pytest
 
 from middleware_apps import KEEPALIVE, SERVERS, ServerProcess, running
 from streamwarden.relay import KEEPALIVE as KEEPALIVE_FRAME
+from waiting import wait_for
 
 # The issue's bar: the generator's finally runs within 50 ms of the client leaving.
 CANCEL_BUDGET = 0.050
@@ -42,7 +43,8 @@ def server(
 
 
 async def disconnect_mid_stream(server: ServerProcess, path: str) -> tuple[str, float]:
-    """Open ``path``, read the first event, wait, close the socket; return (id, closed at)."""
+    """Open ``path``, read the first event, close the socket once the app awaits its
+    silent provider; return (id, closed at)."""
     request_id = uuid.uuid4().hex
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
@@ -57,8 +59,8 @@ async def disconnect_mid_stream(server: ServerProcess, path: str) -> tuple[str, 
                 chunk = await reader.read(4096)
                 assert chunk, f"the server closed the stream early: {seen!r}"
                 seen += chunk
-        # Let the app reach its wait on the silent provider.
-        await asyncio.sleep(0.05)
+        waiting = server.finally_dir / f"{request_id}.waiting"
+        await wait_for(waiting.exists, what=f"{path}: the app waiting on its provider")
     finally:
         writer.close()
     closed_at = time.monotonic()

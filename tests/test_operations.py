@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from waiting import wait_for, wait_until
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
@@ -74,13 +75,13 @@ async def test_drain_lets_short_streams_finish_and_ends_long_ones_honestly(
     }
     short_task = asyncio.create_task(read_stream(sidecar.proxy_url + CHAT, short))
     long_task = asyncio.create_task(read_stream(sidecar.proxy_url + CHAT, long))
-    await asyncio.sleep(0.1)
-    assert len(sidecar.tracker.active) == 2
+    await wait_for(lambda: len(sidecar.tracker.active) == 2, what="both streams open")
     draining = asyncio.create_task(sidecar.drain())
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: sidecar.draining, what="the drain started")
     assert await get_status(sidecar.admin_url + "/readyz") == 503  # at once
-    with pytest.raises(OSError):  # the listener takes no new connections
-        await asyncio.open_connection("127.0.0.1", sidecar.proxy_port)
+    # The listener closes on the drain's first step (the close itself may land
+    # a loop turn later).
+    await wait_until(refused(sidecar.proxy_port), what="the listener closed")
     started = time.monotonic()
     short_body, long_body = await asyncio.gather(short_task, long_task)
     await draining
@@ -106,6 +107,8 @@ async def test_a_client_leaving_during_the_drain_ends_its_stream_and_the_drain_e
         )
         assert response.status == 200
         draining = asyncio.create_task(sidecar.drain())
+        await wait_for(lambda: sidecar.draining, what="the drain started")
+        # The stimulus: a while in which a drain that nothing held would end.
         await asyncio.sleep(0.1)
         assert not draining.done()  # the silent stream holds the drain
         response.close()  # the client leaves during the shutdown
@@ -116,6 +119,47 @@ async def test_a_client_leaving_during_the_drain_ends_its_stream_and_the_drain_e
     assert record.meter.end_state == "client_cancelled"
     upstream = await mock.stats.wait_ended("left-in-drain", timeout=2)
     assert upstream.closed_early
+
+
+def refused(port: int) -> Callable[[], Awaitable[bool]]:
+    """A probe: whether ``port`` on loopback refuses connections."""
+
+    async def probe() -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return True
+        writer.close()
+        return False
+
+    return probe
+
+
+def not_ready(admin: int) -> Callable[[], Awaitable[bool]]:
+    """A probe: whether the admin port's ``/readyz`` answers 503."""
+
+    async def probe() -> bool:
+        return await get_status(f"http://127.0.0.1:{admin}/readyz") == 503
+
+    return probe
+
+
+async def stream_in_flight(mock: MockServer, port: int, request_id: str) -> asyncio.Task[bytes]:
+    """A 20 s stream through the sidecar on ``port``, once its upstream has sent a token."""
+    headers = {
+        "x-mock-tps": "20",
+        "x-mock-ttft": "0",
+        "x-mock-tokens": "400",
+        "x-mock-request-id": request_id,
+    }
+    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", headers))
+
+    def streaming() -> bool:
+        record = mock.stats.get(request_id)
+        return record is not None and record.tokens_generated > 0
+
+    await wait_for(streaming, what=f"{request_id} streaming")
+    return stream
 
 
 async def wait_port(port: int, timeout: float = 10) -> float:
@@ -155,16 +199,14 @@ async def sidecar_process(
 
 
 async def test_sigterm_drains_then_exits_zero_within_the_drain_timeout(
-    sidecar_process: tuple[subprocess.Popen[str], int, int],
+    sidecar_process: tuple[subprocess.Popen[str], int, int], mock: MockServer
 ) -> None:
     process, port, admin = sidecar_process
-    long = {"x-mock-tps": "20", "x-mock-ttft": "0", "x-mock-tokens": "400"}
-    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", long))
-    await asyncio.sleep(0.2)
+    stream = await stream_in_flight(mock, port, "drained")
     process.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
-    await asyncio.sleep(0.1)
-    assert await get_status(f"http://127.0.0.1:{admin}/readyz") == 503
+    # 503 from the moment the process handles the signal, all through its drain.
+    await wait_until(not_ready(admin), what="/readyz 503 after SIGTERM")
     body = await stream
     assert b'"code":"shutting_down"' in body
     async with asyncio.timeout(5):
@@ -175,14 +217,12 @@ async def test_sigterm_drains_then_exits_zero_within_the_drain_timeout(
 
 
 async def test_a_second_signal_ends_the_process_at_once(
-    sidecar_process: tuple[subprocess.Popen[str], int, int],
+    sidecar_process: tuple[subprocess.Popen[str], int, int], mock: MockServer
 ) -> None:
-    process, port, _ = sidecar_process
-    long = {"x-mock-tps": "20", "x-mock-ttft": "0", "x-mock-tokens": "400"}
-    stream = asyncio.create_task(read_stream(f"http://127.0.0.1:{port}{CHAT}", long))
-    await asyncio.sleep(0.2)
+    process, port, admin = sidecar_process
+    stream = await stream_in_flight(mock, port, "interrupted")
     process.send_signal(signal.SIGTERM)
-    await asyncio.sleep(0.1)
+    await wait_until(not_ready(admin), what="the drain started")
     process.send_signal(signal.SIGINT)
     signalled = time.monotonic()
     async with asyncio.timeout(3):
@@ -257,12 +297,17 @@ async def test_metrics_logs_and_the_mock_agree_on_every_count(
                     received = b""
                     while received.count(b'"content"') < 3:
                         received += await response.content.readany()
+                    # The stimulus: the client stays while the upstream is silent.
                     await asyncio.sleep(0.05)
                     response.close()
                 else:
                     await response.read()
         await mock.stats.wait_ended(f"r{i}", timeout=3)
-    await asyncio.sleep(0.05)
+    # The sidecar has recorded (metrics, log line) every stream.
+    await wait_for(
+        lambda: len(sidecar.tracker.finished) == len(plans) and not sidecar.tracker.active,
+        what="every stream recorded",
+    )
 
     async with aiohttp.ClientSession() as session:
         async with session.get(sidecar.admin_url + "/metrics") as response:

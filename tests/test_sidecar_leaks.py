@@ -13,6 +13,7 @@ import aiohttp
 
 from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from waiting import wait_until_settled
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 
@@ -28,6 +29,11 @@ FAULTS = [None, None, None, "truncate", "truncate-mid", "reset", "stall", "garba
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def usage() -> tuple[int, int]:
+    """(asyncio tasks of this loop, open file descriptors of this process)."""
+    return len(asyncio.all_tasks()), open_fds()
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, rng: random.Random) -> str:
@@ -56,10 +62,10 @@ async def test_a_thousand_mixed_streams_leave_no_task_connection_or_fd_behind(
     # Warm up once so lazily created objects are part of the baseline.
     async with aiohttp.ClientSession() as session:
         await one_stream(session, sidecar.proxy_url, random.Random(1))
-    await asyncio.sleep(0.2)
+    # The baseline once the warm-up's closes have all landed.
+    await wait_until_settled(usage, quiet=0.2)
     gc.collect()
-    tasks_before = len(asyncio.all_tasks())
-    fds_before = open_fds()
+    tasks_before, fds_before = usage()
 
     outcomes: Counter[str] = Counter()
     semaphore = asyncio.Semaphore(40)
@@ -80,7 +86,8 @@ async def test_a_thousand_mixed_streams_leave_no_task_connection_or_fd_behind(
     async with asyncio.timeout(10):
         while sidecar.tracker.active or any(not r.ended for r in mock.stats.records):
             await asyncio.sleep(0.02)
-    await asyncio.sleep(0.3)
+    # Then until the last handler tasks have ended and their sockets closed.
+    await wait_until_settled(usage, quiet=0.3)
     gc.collect()
 
     assert sum(outcomes.values()) == 1000

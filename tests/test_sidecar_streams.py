@@ -26,6 +26,7 @@ from streamwarden.mock import MockServer
 from streamwarden.relay import KEEPALIVE
 from streamwarden.sidecar import Sidecar
 from streamwarden.sse import SSEDecoder
+from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 
@@ -297,7 +298,7 @@ async def cancel_delay(port: int, mock: MockServer, request_id: str) -> float:
     async with asyncio.timeout(5):
         while received.count(b'"content"') < 3:
             received += await reader.read(65536)
-    await asyncio.sleep(0.02)  # the upstream is now silent
+    await asyncio.sleep(0.02)  # the stimulus: the client stays while the upstream is silent
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x00" * 8)
     closed = time.monotonic()
@@ -318,7 +319,7 @@ async def test_client_leaving_closes_the_silent_upstream_at_once(
     for i in range(50):
         record = mock.stats.get(f"cancel-{i}")
         assert record is not None and record.tokens_generated == 3  # it stopped generating
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: len(sidecar.tracker.finished) == 50, what="every stream recorded")
     states = {r.meter.end_state for r in sidecar.tracker.finished}
     assert states == {"client_cancelled"}
     assert not sidecar.tracker.active
@@ -401,7 +402,7 @@ async def test_each_fault_ends_with_the_right_state_and_code(
     ):
         assert response.status == 200
         body = await response.read()  # a clean end: no exception from the client
-    await asyncio.sleep(0.01)
+    await wait_for(lambda: bool(sidecar.tracker.finished), what="the stream recorded")
     (record,) = sidecar.tracker.finished
     assert record.dialect == dialect
     assert record.meter.end_state == end_state
@@ -510,7 +511,7 @@ async def test_stream_limit_refuses_new_streams_with_retry_after_and_spares_the_
                 return await response.read()
 
     open_streams = [asyncio.create_task(stream()) for _ in range(2)]
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: len(sidecar.tracker.active) == 2, what="both streams open")
     async with aiohttp.ClientSession() as session:
         async with session.post(url, headers=slow, json={"stream": True}) as response:
             assert response.status == 503

@@ -100,7 +100,7 @@ async def one_stream(session: aiohttp.ClientSession, base: str, rng: random.Rand
                     if not chunk:  # ended before we could leave
                         return "read"
                     seen += chunk
-            await asyncio.sleep(0.02)  # the upstream is silent now
+            await asyncio.sleep(0.02)  # the stimulus: the client stays while the upstream is silent
             response.close()
             return "left"
         await response.read()
@@ -175,8 +175,17 @@ async def test_soak_no_growth_and_exact_counts(
             async with asyncio.timeout(10):
                 while any(not record.ended for record in mock.stats.records):
                     await asyncio.sleep(0.02)
-            await asyncio.sleep(0.3)
+            # Until the sidecar has recorded every stream the mock served (the
+            # assertions below say what is missing if it never does).
+            expected = len(mock.stats.records) - outcomes_error_status(mock)
+            deadline = time.monotonic() + 10
             totals = await scrape(session, metrics_url)
+            while time.monotonic() < deadline and (
+                totals.get("streamwarden_streams_total", 0) < expected
+                or totals.get("streamwarden_active_streams", 0)
+            ):
+                await asyncio.sleep(0.05)
+                totals = await scrape(session, metrics_url)
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -24,6 +24,17 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {timeout} s: {what or condition}")
+        await asyncio.sleep(POLL)
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = ""
+) -> None:
+    """:func:`wait_for` a condition that takes I/O to check (a request to ``/readyz``)."""
+    deadline = time.monotonic() + timeout
+    while not await probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout} s: {what or probe}")
         await asyncio.sleep(POLL)
 
 

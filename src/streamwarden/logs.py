@@ -5,6 +5,15 @@ dialect, status, end state, error code, timings, events, bytes, tokens and
 how they were counted, keep-alives, cancel propagation) and never a request
 or response body. Headers never appear in it; anything that logs headers
 goes through :func:`streamwarden.headers.redact`.
+
+Who configures it. The sidecar owns its process: ``streamwarden run`` calls
+:func:`configure_logging`. The middleware lives in an app's process, whose
+logging is the app's: :func:`log_unless_configured` gives the
+``streamwarden`` loggers a stderr handler of their own (``log_format``,
+``log_level``) only while nobody else has configured logging, so that a
+user who adds the middleware sees its lines without setting up Python
+logging, and an app that has set it up keeps its own handlers, format and
+levels, untouched.
 """
 
 from __future__ import annotations
@@ -13,12 +22,12 @@ import json
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from streamwarden.config import Settings
 from streamwarden.meter import StreamRecord
 
-__all__ = ["JSONFormatter", "configure_logging", "stream_logger"]
+__all__ = ["JSONFormatter", "configure_logging", "log_unless_configured", "stream_logger"]
 
 STREAM_LOGGER = "streamwarden.stream"
 
@@ -50,17 +59,57 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+def _formatter(settings: Settings) -> logging.Formatter:
+    if settings.log_format == "json":
+        return JSONFormatter()
+    return TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def configure_logging(settings: Settings) -> None:
     """Send the ``streamwarden`` loggers to stderr in the configured format."""
     handler = logging.StreamHandler(sys.stderr)
-    if settings.log_format == "json":
-        handler.setFormatter(JSONFormatter())
-    else:
-        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_formatter(settings))
     root = logging.getLogger("streamwarden")
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
     root.propagate = False
+
+
+class _UnlessConfigured(logging.StreamHandler[TextIO]):
+    """stderr, for as long as no other handler would take streamwarden's records.
+
+    Checked at each record, not only when attached: an app may configure
+    logging after the middleware is built (Starlette builds it before the
+    app's lifespan runs), and from then on its handlers get the records by
+    propagation; printing them here as well would print them twice.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers or len(logging.getLogger("streamwarden").handlers) > 1:
+            return
+        super().emit(record)
+
+
+def log_unless_configured(settings: Settings) -> bool:
+    """Give the ``streamwarden`` loggers a stderr handler, unless logging is configured.
+
+    The rule: only if neither the ``streamwarden`` logger nor the root logger
+    has a handler (nobody has configured logging, the CLI's
+    :func:`configure_logging` included), attach one to ``streamwarden`` in
+    ``log_format``, and set that logger's level from ``log_level`` unless
+    the app has set one. The first call that attaches decides for the
+    process. Records still propagate; the handler goes quiet if the root
+    logger (or ``streamwarden``) gets a handler later. True if attached.
+    """
+    logger = logging.getLogger("streamwarden")
+    if logger.handlers or logging.getLogger().handlers:
+        return False
+    handler = _UnlessConfigured(sys.stderr)
+    handler.setFormatter(_formatter(settings))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(settings.log_level.upper())
+    return True
 
 
 def stream_fields(record: StreamRecord) -> dict[str, Any]:

@@ -32,6 +32,10 @@ Where it diverges from the sidecar, and why:
   on as is: it cannot be framed. Never compress an event stream.
 - Drain on shutdown is the server's: a request the server cancels gets the
   ``shutting_down`` error event if its client can still hear it.
+- Logging is the app's: the middleware sets up a stderr handler (in
+  ``log_format``, at ``log_level``) for the ``streamwarden`` loggers only if
+  nothing in the process has set up Python logging, and it goes quiet once
+  something does (:func:`streamwarden.logs.log_unless_configured`).
 - The sidecar's own settings (listeners, upstream connection, parser
   limits, drain, event loop, ``early_headers_after``) do nothing here; each
   one given as an option logs a warning

@@ -21,10 +21,11 @@ import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
-from streamwarden.logs import stream_logger
+from streamwarden.logs import log_unless_configured, stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Receive, Scope, Send
-from streamwarden.middleware.responder import FaceContext, StreamResponder, Streams
+from streamwarden.middleware.responder import StreamResponder
+from streamwarden.middleware.streams import FaceContext, Streams
 
 log = logging.getLogger("streamwarden.middleware")
 
@@ -47,6 +48,8 @@ class StreamWardenMiddleware:
     def __init__(self, app: ASGIApp, /, **options: Any) -> None:
         self.app = app
         self.settings = load_settings(overrides=options)
+        # The app's process, the app's logging: see log_unless_configured for the rule.
+        log_unless_configured(self.settings)
         # Every key is accepted (one config model, one file for both faces),
         # but one that would do nothing here is said so, once, not ignored.
         for key in sorted(SIDECAR_ONLY.intersection(options)):

@@ -1,10 +1,16 @@
 """One request through the middleware: the ASGI twin of the sidecar's relay loop.
 
-A :class:`StreamResponder` wraps the app's ``send`` and ``receive`` for one
-HTTP request. It decides at ``http.response.start`` whether the response is
-a stream, by the same rule as the sidecar
+A :class:`StreamResponder` runs the app for one HTTP request with its own
+``send`` (and the :class:`~streamwarden.middleware.inbox.Inbox` as its
+``receive``). It decides at ``http.response.start`` whether the response
+is a stream, by the same rule as the sidecar
 (:func:`~streamwarden.dialects.stream_framing`); every other response is
-handed to the server message by message, untouched.
+handed to the server message by message, untouched. Its two helpers have
+a job each: :class:`~streamwarden.middleware.admission.Admission` says
+whether the request asks for a stream and holds its
+``max_concurrent_streams`` slot, and
+:class:`~streamwarden.middleware.app_task.AppTask` stops the app when the
+stream's upstream has to be closed.
 
 For a stream it moves bytes and time through a core
 :class:`~streamwarden.relay.Relay`, like the sidecar does:
@@ -16,31 +22,19 @@ For a stream it moves bytes and time through a core
 - every write to the server (app body, keep-alive, error event, end of
   body) happens under one lock, so two sends never overlap and the bytes
   leave in the order the relay produced them;
-- the :class:`~streamwarden.middleware.inbox.Inbox` watches for
-  ``http.disconnect``; the app's "upstream" is the app itself, so closing
-  it means cancelling the app's task, which runs its generator's
-  ``finally`` (where the app closes its provider stream) at once.
+- the inbox watches for ``http.disconnect``; the app's "upstream" is the
+  app itself, so closing it means stopping the app.
 
 Before the response. An app usually awaits its provider's response headers
 (the whole prefill, seconds for a long prompt) before it starts its own
-stream. A request that asks for a stream (by the rule the sidecar uses:
-``Accept: text/event-stream``, ``alt=sse``, or ``"stream": true`` in the
-body, which the responder looks for as the app reads it) is watched from
-the moment the app has read its whole body, or from the start if it has
-none; a client that leaves before the response starts gets the app
-cancelled, so the app's provider request is closed at once, as the sidecar
-closes its upstream request. Such a request ends without a stream record,
-as in the sidecar. Other requests are never watched before their
-response: cancelling them could cut an app's work short, and watching
-would cost each of them a task.
-
-Cancelling the app. The app runs in the server's own task: spawning a task
-per request only for the few that turn out to be streams would tax every
-request. So the middleware cancels that task, the way ``asyncio.timeout``
-does, and takes its cancellation back (``Task.uncancel``) when the
-``CancelledError`` comes out of the app. It only ever cancels from another
-task or a loop callback, never from inside the task itself, and only while
-the app is running, so the ``CancelledError`` always lands inside the app.
+stream. A request that asks for a stream is watched from the moment the
+app has read its whole body, or from the start if it has none; a client
+that leaves before the response starts gets the app stopped, so the app's
+provider request is closed at once, as the sidecar closes its upstream
+request. Such a request ends without a stream record, as in the sidecar.
+Other requests are never watched before their response: stopping them
+could cut an app's work short, and watching would cost each of them a
+task.
 
 How a stream ends (one end state each, recorded by the relay):
 
@@ -50,12 +44,12 @@ How a stream ends (one end state each, recorded by the relay):
   error event and a clean end of body; the exception is logged with its
   traceback and not re-raised (before the response started, exceptions
   propagate untouched);
-- the client disconnects: ``client_cancelled``, the app is cancelled
-  (before the response started: no stream, the app is cancelled, and the
+- the client disconnects: ``client_cancelled``, the app is stopped
+  (before the response started: no stream, the app is stopped, and the
   request ends quietly);
-- a timer or limit fires: the error event, a clean end, the app cancelled;
+- a timer or limit fires: the error event, a clean end, the app stopped;
 - the client stops reading for ``client_write_timeout``: ``client_too_slow``,
-  the app is cancelled and the response is left unfinished, so the server
+  the app is stopped and the response is left unfinished, so the server
   drops the connection;
 - the server cancels the request (a shutdown): ``shutting_down``, then the
   cancellation goes on up.
@@ -65,72 +59,30 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import itertools
 import logging
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping
 
-from streamwarden.config import ResolvedRoute, Settings
-from streamwarden.dialects import asks_for_stream, stream_framing
+from streamwarden.config import ResolvedRoute
+from streamwarden.dialects import stream_framing
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
-from streamwarden.meter import GapObserver, StreamRecord
+from streamwarden.meter import StreamRecord
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
+from streamwarden.middleware.admission import Admission
+from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.inbox import Inbox
-from streamwarden.relay import Relay, refusal_body
+from streamwarden.middleware.streams import FaceContext
+from streamwarden.relay import Relay
 
-__all__ = ["FaceContext", "StreamResponder", "Streams"]
+__all__ = ["StreamResponder"]
 
 log = logging.getLogger("streamwarden.middleware")
 
 # Statuses that never carry a body, so never a stream.
 _NO_BODY = frozenset({204, 304})
-# Bytes of one body chunk kept to find '"stream": true' split across two chunks.
-_SEAM = 64
 # Bytes an app may send after its stream ended without waiting once: beyond
 # them its send() yields, so that a pending stop can land in an app that
 # awaits nothing else.
 _ZOMBIE_BURST = 1 << 20
-
-Listener = Callable[[StreamRecord], None]
-
-
-class Streams:
-    """The middleware's register of streams: how many are in flight, the recently finished."""
-
-    def __init__(self, keep: int = 1000) -> None:
-        self.active = 0
-        #: Requests that asked for a stream and are running (max_concurrent_streams).
-        self.admitted = 0
-        self.finished: deque[StreamRecord] = deque(maxlen=keep)
-        #: Called with each finished stream's record, exactly once per stream.
-        self.listeners: list[Listener] = []
-        self._ids = itertools.count(1)
-
-    def open(self) -> str:
-        self.active += 1
-        return f"{next(self._ids):x}"
-
-    def close(self, record: StreamRecord) -> None:
-        self.active -= 1
-        self.finished.append(record)
-        for listener in self.listeners:
-            try:
-                listener(record)
-            except Exception:
-                log.exception("a stream listener failed")
-
-
-@dataclass(frozen=True, slots=True)
-class FaceContext:
-    """What every request of one middleware instance shares."""
-
-    settings: Settings
-    streams: Streams
-    gap_observer: GapObserver | None = None
-    #: ``settings.stream_media_types``, lower-cased, for the stream check.
-    extra_media_types: frozenset[str] = field(default=frozenset())
 
 
 class _Phase(enum.Enum):
@@ -143,13 +95,10 @@ class StreamResponder:
     """One HTTP request through the middleware; a fresh one per request."""
 
     __slots__ = (
+        "_admission",
         "_app_closed",
-        "_app_running",
-        "_asks_for_stream",
-        "_base_cancelling",
+        "_app_task",
         "_body_closed",
-        "_body_seam",
-        "_cancel_requested",
         "_client_gone",
         "_context",
         "_gone_at",
@@ -164,7 +113,6 @@ class StreamResponder:
         "_started_at",
         "_status",
         "_stream_id",
-        "_task",
         "_timer",
         "_unyielded",
         "_watching_early",
@@ -174,15 +122,13 @@ class StreamResponder:
         self._context = context
         self._scope = scope
         self._server_send = send
-        self._inbox = Inbox(receive)
+        self._inbox = inbox = Inbox(receive)
         self._loop = asyncio.get_running_loop()
         #: When the request arrived: the stream's TTFT and duration count from here.
         self._started_at = self._loop.time()
         self._phase = _Phase.WAITING
-        self._task: asyncio.Task[Any] | None = None
-        self._base_cancelling = 0
-        self._app_running = False
-        self._cancel_requested = False
+        self._admission = Admission(context.streams, scope, inbox)
+        self._app_task = AppTask(self._loop)
         # Stream state, set when a stream starts.
         self._relay: Relay | None = None
         self._route: ResolvedRoute | None = None
@@ -198,70 +144,26 @@ class StreamResponder:
         self._gone_at: float | None = None
         #: Bytes the app sent after the stream ended since its send() last yielded.
         self._unyielded = 0
-        # Watching for a disconnect before the response (see the module docstring).
+        #: Watching for a disconnect before the response (see the module docstring).
         self._watching_early = False
-        self._asks_for_stream = False
-        self._body_seam = b""
 
     # -- the request ---------------------------------------------------------
 
     async def run(self, app: ASGIApp) -> None:
         """Run the app for this request; return or raise as the app would have."""
-        self._look_at_request()
-        limit = self._context.settings.max_concurrent_streams
-        if not limit:
-            await self._run(app)
-            return
-        admitted = await self._admit(limit)
-        if admitted is False:
+        admission = self._admission
+        admission.look_at_request(on_stream_asked=self._watch_early)
+        if not await admission.admit(
+            self._context.settings.max_concurrent_streams, self._server_send
+        ):
             return
         try:
             await self._run(app)
         finally:
-            if admitted:
-                self._context.streams.admitted -= 1
-
-    async def _admit(self, limit: int) -> bool | None:
-        """Take a stream slot: ``None`` if the request asks for no stream, ``False`` if refused.
-
-        As in the sidecar, a request asks for a stream by its ``Accept``
-        header, ``alt=sse``, or ``"stream": true`` in the first part of its
-        body, which is read here, before the app runs, and handed to the app
-        as its first ``receive()``. A refused request gets ``503`` with
-        ``Retry-After`` and the app never runs.
-        """
-        inbox = self._inbox
-        if not self._asks_for_stream and inbox.on_request is not None:
-            first = await inbox.receive()  # _look_at_body sees it on the way
-            if first.get("type") == "http.request":
-                inbox.hold(first)
-        if not self._asks_for_stream:
-            return None
-        streams = self._context.streams
-        if streams.admitted >= limit:
-            await inbox.stop()  # a watch started by _look_at_body, if any
-            body = refusal_body("too_many_streams", f"{limit} streams are open")
-            await self._server_send(
-                {
-                    "type": "http.response.start",
-                    "status": 503,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", b"%d" % len(body)),
-                        (b"retry-after", b"1"),
-                    ],
-                }
-            )
-            await self._server_send({"type": "http.response.body", "body": body})
-            return False
-        streams.admitted += 1
-        return True
+            admission.release()
 
     async def _run(self, app: ASGIApp) -> None:
-        task = asyncio.current_task()
-        self._task = task
-        self._base_cancelling = task.cancelling() if task is not None else 0
-        self._app_running = True
+        self._app_task.started()
         error: BaseException | None = None
         try:
             await app(self._scope, self._inbox.receive, self._send)
@@ -272,15 +174,16 @@ class StreamResponder:
                 raise  # not a stream: the server handles it as usual
             error = exc
         finally:
-            self._app_running = False
+            self._app_task.finished()
         if self._phase is not _Phase.STREAMING:
             if self._watching_early:
                 await self._end_unstreamed(None)
             return
-        cancelled_from_outside = isinstance(error, asyncio.CancelledError)
-        if self._cancel_requested and task is not None:
-            # Take back our own cancellation; anything left is someone else's.
-            cancelled_from_outside = task.uncancel() > self._base_cancelling
+        # Take back our own stop; a cancellation left is someone else's.
+        outside = self._app_task.take_back()
+        cancelled_from_outside = (
+            isinstance(error, asyncio.CancelledError) if outside is None else outside
+        )
         if await self._end(error, cancelled_from_outside) and error is not None:
             raise error
 
@@ -295,6 +198,8 @@ class StreamResponder:
             headers = self._stream_headers(message)
             if headers is None:
                 self._phase = _Phase.PASSING
+                # Not a stream: it holds no stream slot, even if it asked for one.
+                self._admission.release()
                 await self._server_send(message)
             else:
                 await self._start_stream(message, headers)
@@ -303,58 +208,27 @@ class StreamResponder:
 
     # -- before the response -------------------------------------------------
 
-    def _look_at_request(self) -> None:
-        """Watch at once a bodiless request that asks for a stream; else look at its body."""
-        accept: str | None = None
-        # Over HTTP/2 and 3 a body needs no Content-Length: assume there is one.
-        has_body = self._scope.get("http_version") not in ("1.0", "1.1")
-        for name, value in self._scope.get("headers") or ():
-            name = name.lower()
-            if name == b"accept":
-                accept = value.decode("latin-1")
-            elif name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
-                has_body = True
-        query = self._scope.get("query_string", b"").decode("latin-1")
-        self._asks_for_stream = asks_for_stream(accept, query, b"")
-        if not has_body:
-            if self._asks_for_stream:
-                self._watch_early()
-            return
-        self._inbox.on_request = self._look_at_body
-
-    def _look_at_body(self, message: Message) -> None:
-        """Each request body message the app receives, until the last one."""
-        body: bytes = bytes(message.get("body", b""))
-        if body and not self._asks_for_stream:
-            self._asks_for_stream = asks_for_stream(
-                None, "", self._body_seam + body[:_SEAM]
-            ) or asks_for_stream(None, "", body)
-            self._body_seam = body[-_SEAM:]
-        if not message.get("more_body", False):
-            self._inbox.on_request = None
-            if self._asks_for_stream and self._phase is _Phase.WAITING:
-                self._watch_early()
-
     def _watch_early(self) -> None:
+        """The request asks for a stream and its body is read: watch for its client leaving."""
+        if self._phase is not _Phase.WAITING:
+            return
         self._watching_early = True
         self._inbox.watch(self._client_left_before_start)
 
     def _client_left_before_start(self) -> None:
         """The client left while the app was still preparing its response."""
         if self._phase is _Phase.WAITING:
-            self._stop_app()
+            self._app_task.stop()
 
     async def _end_unstreamed(self, error: BaseException | None) -> bool:
-        """Clean up after a request that never streamed; True if ``error`` was our own cancel."""
+        """Clean up after a request that never streamed; True if ``error`` was our own stop."""
         if not self._watching_early:
             return False
         await self._inbox.stop()
-        task = self._task
-        if not self._cancel_requested or task is None:
+        outside = self._app_task.take_back()
+        if outside is None:
             return False
-        # Take back our own cancellation; anything left is someone else's.
-        ours = task.uncancel() <= self._base_cancelling
-        return ours and isinstance(error, asyncio.CancelledError)
+        return not outside and isinstance(error, asyncio.CancelledError)
 
     # -- the start -----------------------------------------------------------
 
@@ -395,7 +269,7 @@ class StreamResponder:
             gap_observer=context.gap_observer,
         )
         self._phase = _Phase.STREAMING
-        self._inbox.on_request = None
+        self._admission.stop_looking()
         self._relay = relay
         self._route = route
         self._status = int(message.get("status", 200))
@@ -451,7 +325,7 @@ class StreamResponder:
                     elif out:
                         await self._write(out, last=False, bounded=False)
         except asyncio.CancelledError:
-            if self._body_closed and self._take_back_stop():
+            if self._body_closed and self._app_task.take_back_in_send():
                 return
             raise
         if zombie_burst:
@@ -461,31 +335,7 @@ class StreamResponder:
             return
         if relay.done and more:
             # A limit ended the stream mid-body: stop the app like a gone client's.
-            self._stop_app()
-
-    def _take_back_stop(self) -> bool:
-        """Our stop reached the app in send() after its stream ended: make it land elsewhere.
-
-        Cancelled in send(), a framework that iterates the app's generator
-        (Starlette's ``StreamingResponse``) leaves the generator suspended at
-        its ``yield``, its ``finally`` (where the app closes its provider
-        stream) not run until the garbage collector finds it. That is where a
-        client too slow to read always leaves the app. So send() returns
-        instead (the body is closed, nothing is written), and the stop lands
-        where the app next waits: in its generator. True if it was taken back.
-        """
-        task = asyncio.current_task()
-        if not self._cancel_requested or task is None:
-            return False
-        if task is not self._task:
-            # A framework's child task (Starlette's task group), cancelled because
-            # we cancelled the request's task: it is cancelled again where it next waits.
-            return True
-        self._cancel_requested = False
-        if task.uncancel() > self._base_cancelling:
-            return False  # someone else's cancellation as well: it goes on
-        self._stop_app()
-        return True
+            self._app_task.stop()
 
     async def _write(self, out: bytes, *, last: bool, bounded: bool) -> bool:
         """Send relay output, under the lock. False if the client is gone or too slow.
@@ -495,7 +345,7 @@ class StreamResponder:
         writes are bounded by ``client_write_timeout``.
         """
         if last:
-            self._body_closed = True
+            self._close_body()
         message = {"type": "http.response.body", "body": out, "more_body": not last}
         try:
             if bounded:
@@ -513,9 +363,19 @@ class StreamResponder:
             self._client_left()
             if not bounded:
                 raise  # the app's own send: it hears what the server said
-            self._stop_app()
+            self._app_task.stop()
             return False
         return True
+
+    def _close_body(self) -> None:
+        """No more writes to the client: its stream is over, and so is its slot.
+
+        The slot goes back before the last bytes are handed to the server:
+        a client may ask again the moment it has them (an agent loop does),
+        long before the app and the middleware's helpers have unwound.
+        """
+        self._body_closed = True
+        self._admission.release()
 
     # -- timers --------------------------------------------------------------
 
@@ -549,7 +409,7 @@ class StreamResponder:
             finally:
                 lock.release()
             if relay.done:
-                self._stop_app()
+                self._app_task.stop()
                 return
 
     # -- the client going away -----------------------------------------------
@@ -561,14 +421,14 @@ class StreamResponder:
             # complete (uvicorn does at once). Nothing to cancel.
             return
         self._client_left()
-        self._stop_app()
+        self._app_task.stop()
 
     def _client_left(self) -> None:
         if self._client_gone:
             return
         now = self._loop.time()
         self._client_gone = True
-        self._body_closed = True
+        self._close_body()
         self._gone_at = now
         if self._relay is not None:
             self._relay.client_gone(now)
@@ -578,26 +438,10 @@ class StreamResponder:
             return
         now = self._loop.time()
         self._client_gone = True
-        self._body_closed = True
+        self._close_body()
         assert self._relay is not None
         self._relay.client_too_slow(now)
-        self._stop_app()
-
-    def _stop_app(self) -> None:
-        """Cancel the app's task (where its generator waits on its provider)."""
-        if not self._app_running or self._cancel_requested or self._task is None:
-            return
-        if asyncio.current_task() is self._task:
-            # Never cancel the running task itself: the cancellation could
-            # outlive the app and land in the server. Do it once it waits.
-            self._loop.call_soon(self._cancel_app)
-        else:
-            self._cancel_app()
-
-    def _cancel_app(self) -> None:
-        if self._app_running and not self._cancel_requested and self._task is not None:
-            self._cancel_requested = True
-            self._task.cancel()
+        self._app_task.stop()
 
     # -- the end -------------------------------------------------------------
 
@@ -606,7 +450,7 @@ class StreamResponder:
         relay = self._relay
         assert relay is not None
         now = self._loop.time()
-        if self._gone_at is not None and self._cancel_requested:
+        if self._gone_at is not None and self._app_task.stop_requested:
             # Client gone noticed to the app's task unwound (its finally ran).
             relay.meter.cancel_propagation = now - self._gone_at
         reraise = False
@@ -626,7 +470,7 @@ class StreamResponder:
                         relay.meter.error_code or relay.end_state,
                         exc_info=error,
                     )
-            elif error is not None and self._app_closed and not self._cancel_requested:
+            elif error is not None and self._app_closed and not self._app_task.stop_requested:
                 # The app finished its response and raised afterwards (a
                 # background task, say): not the stream's business.
                 reraise = True

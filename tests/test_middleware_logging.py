@@ -1,0 +1,123 @@
+"""The middleware's log lines, in a real uvicorn process: one per finished stream, in the
+format asked for, with no logging set up by hand, and an app's own logging left alone.
+
+``streamwarden run`` configures logging for its process; the middleware lives in
+the app's, where Python's default is no handler and level WARNING. So each test
+starts uvicorn on :mod:`middleware_apps` (``StreamWardenMiddleware`` in front of
+a raw ASGI app), makes one stream that completes and one whose app raises after
+its response started, stops the server and reads everything it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from middleware_apps import running
+
+
+async def two_streams(base: str) -> None:
+    """A stream that completes, then one whose app raises mid-stream."""
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        completed = await client.get(f"{base}/guarded/raw/quiet?s=0")
+        broken = await client.get(f"{base}/guarded/raw/raise")
+    assert completed.content.endswith(b"data: last\n\n")
+    assert b"upstream_error" in broken.content
+
+
+async def server_output(tmp_path: Path, **options: Any) -> list[str]:
+    """Run uvicorn with ``options``, make the two streams, stop it; every line it wrote."""
+    with running("uvicorn", tmp_path, **options) as server:
+        await two_streams(server.url)
+    # Stopped: every request has run to its end and every line is written.
+    return server.log_path.read_text().splitlines()
+
+
+def printed_bare(lines: list[str]) -> list[str]:
+    """The app-error line as Python's last-resort handler prints it: no time, level or name."""
+    return [line for line in lines if line.startswith("the app raised")]
+
+
+async def test_with_no_logging_set_up_each_stream_is_one_json_line(tmp_path: Path) -> None:
+    lines = await server_output(tmp_path)  # no options at all: log_format json, level info
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    streams = [r for r in records if r["logger"] == "streamwarden.stream"]
+    assert [(r["level"], r["msg"], r["end_state"]) for r in streams] == [
+        ("info", "stream finished", "completed"),
+        ("info", "stream finished", "upstream_error"),
+    ]
+    assert streams[1]["error_code"] == "upstream_error"
+    assert all(r["status"] == 200 and r["dialect"] == "generic" for r in streams)
+    # The app's exception: through the logger, with its level, name and traceback.
+    (error,) = [r for r in records if r["logger"] == "streamwarden.middleware"]
+    assert error["level"] == "error"
+    assert error["msg"].startswith("the app raised after its stream had started")
+    assert "RuntimeError: the provider broke off" in error["exc"]
+    assert printed_bare(lines) == []
+    assert not any(line.startswith("Traceback") for line in lines)  # only inside "exc"
+
+
+async def test_log_format_text_and_log_level_apply_without_options_in_code(
+    tmp_path: Path,
+) -> None:
+    text = await server_output(tmp_path / "text", environ={"STREAMWARDEN_LOG_FORMAT": "text"})
+    finished = [line for line in text if " INFO streamwarden.stream: stream finished " in line]
+    assert len(finished) == 2
+    assert "end_state=completed" in finished[0] and "end_state=upstream_error" in finished[1]
+    (error,) = [i for i, line in enumerate(text) if " ERROR streamwarden.middleware: " in line]
+    assert text[error + 1] == "Traceback (most recent call last):"
+    assert "RuntimeError: the provider broke off" in text
+    assert not any(line.startswith("{") for line in text)
+    assert printed_bare(text) == []
+    # log_level: warning keeps the stream lines out, not the error.
+    quiet = await server_output(
+        tmp_path / "warning",
+        environ={"STREAMWARDEN_LOG_FORMAT": "text", "STREAMWARDEN_LOG_LEVEL": "warning"},
+    )
+    assert not any("stream finished" in line for line in quiet)
+    assert sum(" ERROR streamwarden.middleware: " in line for line in quiet) == 1
+
+
+LOG_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"app": {"format": "APP %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "formatter": "app",
+            "stream": "ext://sys.stderr",
+        }
+    },
+    "root": {"level": "INFO", "handlers": ["stderr"]},
+}
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_an_app_that_sets_up_logging_keeps_its_own_and_gets_each_line_once(
+    tmp_path: Path, when: str
+) -> None:
+    if when == "before":
+        # uvicorn applies --log-config before it imports the app.
+        config = tmp_path / "logging.json"
+        config.write_text(json.dumps(LOG_CONFIG))
+        options: dict[str, Any] = {"arguments": ["--log-config", str(config)]}
+    else:
+        # The middleware is built with nothing set up; the app sets up logging after.
+        options = {
+            "target": "middleware_apps:app_configuring_logging_late",
+            "arguments": ["--factory"],
+        }
+    lines = await server_output(tmp_path, **options)
+    ours = [line for line in lines if "streamwarden." in line and not line.startswith(" ")]
+    assert ours == [
+        "APP INFO streamwarden.stream: stream finished",
+        "APP ERROR streamwarden.middleware: the app raised after its stream had started;"
+        " the stream ended with upstream_error",
+        "APP INFO streamwarden.stream: stream finished",
+    ]
+    assert not any(line.startswith("{") for line in lines)  # not ours as well
