@@ -233,11 +233,23 @@ async def test_a_second_signal_ends_the_process_at_once(
         await stream
 
 
-async def test_startup_takes_under_a_second(mock: MockServer, tmp_path: Path) -> None:
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_startup_costs_under_a_second_of_cpu(mock: MockServer, tmp_path: Path) -> None:
+    """Start-up is cheap: judged by the CPU it takes, which a busy machine does not stretch.
+
+    (Wall time to the open port is 0.4-0.5 s on a quiet 2-core machine, and
+    over a second when three test suites share it.)
+    """
     port = free_port()
     process = subprocess.Popen(run_command(mock.url, port), stderr=subprocess.DEVNULL)
     try:
-        assert await wait_port(port) < 1.0
+        await wait_port(port)
+        assert _cpu_seconds(process.pid) < 1.0
     finally:
         process.terminate()
         process.wait(timeout=5)

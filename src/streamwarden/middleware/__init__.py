@@ -28,8 +28,10 @@ Where it diverges from the sidecar, and why:
 - A client that stops reading is noticed by the keep-alive timer rather
   than by the write itself (a timeout around every event would tax every
   event), so within ``keepalive_interval + client_write_timeout``.
-- A compressed stream (``Content-Encoding`` other than identity) is passed
-  on as is: it cannot be framed. Never compress an event stream.
+- A gzip or deflate stream is inflated (a bounded step at a time) and
+  relayed uncompressed, ``Content-Encoding`` dropped, as the sidecar does
+  (:mod:`streamwarden.plan`); other codings (br, zstd) cannot be framed
+  here and are passed on as they are. Never compress an event stream.
 - Drain on shutdown is the server's: a request the server cancels gets the
   ``shutting_down`` error event if its client can still hear it.
 - Logging is the app's: the middleware sets up a stderr handler (in

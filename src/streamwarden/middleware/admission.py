@@ -33,7 +33,8 @@ from streamwarden.dialects import asks_for_stream
 from streamwarden.middleware._asgi import Message, Scope, Send
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.streams import Streams
-from streamwarden.relay import refusal_body
+from streamwarden.refusals import RefusalKind
+from streamwarden.register import NO_SLOT, Slot
 
 __all__ = ["Admission"]
 
@@ -46,10 +47,10 @@ class Admission:
 
     __slots__ = (
         "_body_seam",
-        "_holds_slot",
         "_inbox",
         "_on_stream_asked",
         "_scope",
+        "_slot",
         "_streams",
         "asks_for_stream",
     )
@@ -60,7 +61,7 @@ class Admission:
         self._inbox = inbox
         self._on_stream_asked: Callable[[], None] | None = None
         self._body_seam = b""
-        self._holds_slot = False
+        self._slot: Slot = NO_SLOT
         #: The request asks for a stream (as far as its body has been seen).
         self.asks_for_stream = False
 
@@ -124,29 +125,24 @@ class Admission:
                 inbox.hold(first)
         if not self.asks_for_stream:
             return True
-        streams = self._streams
-        if streams.admitted >= limit:
+        slot = self._streams.admit(limit)
+        if slot is None:
             await inbox.stop()  # a watch started once the body was read, if any
-            body = refusal_body("too_many_streams", f"{limit} streams are open")
+            refused = RefusalKind.TOO_MANY_STREAMS.refusal
+            body = refused.body(limit=limit)
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ]
+            headers += [(n.lower().encode(), v.encode()) for n, v in refused.headers]
             await send(
-                {
-                    "type": "http.response.start",
-                    "status": 503,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", b"%d" % len(body)),
-                        (b"retry-after", b"1"),
-                    ],
-                }
+                {"type": "http.response.start", "status": refused.status, "headers": headers}
             )
             await send({"type": "http.response.body", "body": body})
             return False
-        streams.admitted += 1
-        self._holds_slot = True
+        self._slot = slot
         return True
 
     def release(self) -> None:
         """Give the slot back, if one was taken; later calls do nothing."""
-        if self._holds_slot:
-            self._holds_slot = False
-            self._streams.admitted -= 1
+        self._slot.release()

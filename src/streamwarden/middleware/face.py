@@ -56,7 +56,7 @@ class StreamWardenMiddleware:
             log.warning("%s: a sidecar-only setting; StreamWardenMiddleware does not use it", key)
         #: Streams in flight and the recently finished ones.
         self.streams = Streams()
-        self.metrics = StreamMetrics(active=lambda: self.streams.active)
+        self.metrics = StreamMetrics(active=lambda: len(self.streams.active))
         self.streams.listeners.append(self.metrics.stream_finished)
         self.streams.listeners.append(stream_logger())
         self._context = FaceContext(

@@ -63,22 +63,23 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.dialects import stream_framing
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
-from streamwarden.meter import StreamRecord
+from streamwarden.inflate import InflateError, Inflater
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.admission import Admission
 from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.streams import FaceContext
+from streamwarden.plan import StreamPlan, plan_response
+from streamwarden.register import finished_record
 from streamwarden.relay import Relay
 
 __all__ = ["StreamResponder"]
 
 log = logging.getLogger("streamwarden.middleware")
 
-# Statuses that never carry a body, so never a stream.
-_NO_BODY = frozenset({204, 304})
+# Most inflated bytes handed to the relay (and written) per step.
+_INFLATE_STEP = 64 * 1024
 # Bytes an app may send after its stream ended without waiting once: beyond
 # them its send() yields, so that a pending stop can land in an app that
 # awaits nothing else.
@@ -103,6 +104,7 @@ class StreamResponder:
         "_context",
         "_gone_at",
         "_inbox",
+        "_inflater",
         "_lock",
         "_loop",
         "_phase",
@@ -131,6 +133,7 @@ class StreamResponder:
         self._app_task = AppTask(self._loop)
         # Stream state, set when a stream starts.
         self._relay: Relay | None = None
+        self._inflater: Inflater | None = None
         self._route: ResolvedRoute | None = None
         self._status = 200
         self._stream_id = ""
@@ -195,14 +198,14 @@ class StreamResponder:
         elif phase is _Phase.STREAMING:
             await self._send_streamed(message)
         elif message["type"] == "http.response.start":
-            headers = self._stream_headers(message)
-            if headers is None:
+            planned = self._stream_headers(message)
+            if planned is None:
                 self._phase = _Phase.PASSING
                 # Not a stream: it holds no stream slot, even if it asked for one.
                 self._admission.release()
                 await self._server_send(message)
             else:
-                await self._start_stream(message, headers)
+                await self._start_stream(message, *planned)
         else:
             await self._server_send(message)
 
@@ -232,28 +235,25 @@ class StreamResponder:
 
     # -- the start -----------------------------------------------------------
 
-    def _stream_headers(self, message: Message) -> dict[str, str] | None:
-        """The response's headers (lower-case names) if it is a stream to relay, else None."""
-        if message.get("trailers") or self._scope.get("method") == "HEAD":
-            return None
-        if message.get("status", 200) in _NO_BODY:
+    def _stream_headers(self, message: Message) -> tuple[dict[str, str], StreamPlan] | None:
+        """The response's headers (lower-case names) and plan if it is a stream, else None."""
+        if message.get("trailers"):
             return None
         headers = {
             name.decode("latin-1").lower(): value.decode("latin-1")
             for name, value in message.get("headers") or ()
         }
-        framing = stream_framing(
-            headers.get("content-type"), headers, self._context.extra_media_types
+        plan = plan_response(
+            self._scope.get("method", "GET"),
+            int(message.get("status", 200)),
+            headers,
+            self._context.extra_media_types,
         )
-        if framing is None:
-            return None
-        encoding = headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":
-            # A compressed stream cannot be framed; it is passed on as is.
-            return None
-        return headers
+        return None if plan is None else (headers, plan)
 
-    async def _start_stream(self, message: Message, headers: Mapping[str, str]) -> None:
+    async def _start_stream(
+        self, message: Message, headers: Mapping[str, str], plan: StreamPlan
+    ) -> None:
         context = self._context
         path: str = self._scope.get("path") or "/"
         route = context.settings.for_path(path)
@@ -267,16 +267,23 @@ class StreamResponder:
             headers=headers,
             dialect=route.dialect,
             gap_observer=context.gap_observer,
+            framing=plan.framing,
         )
+        # Compressed streams are inflated and relayed, as in the sidecar
+        # (plan.py says why), a bounded step at a time.
+        self._inflater = Inflater(plan.encoding) if plan.decoded else None
         self._phase = _Phase.STREAMING
         self._admission.stop_looking()
         self._relay = relay
         self._route = route
         self._status = int(message.get("status", 200))
         self._lock = asyncio.Lock()
-        self._stream_id = context.streams.open()
+        self._stream_id = context.streams.next_id()
+        context.streams.open(self)
         start = dict(message)
-        start["headers"] = _encode(stream_response_headers(drop_hop_by_hop(_decode(message))))
+        start["headers"] = _encode(
+            stream_response_headers(drop_hop_by_hop(_decode(message)), drop_encoding=plan.decoded)
+        )
         try:
             await self._server_send(start)
         except OSError:
@@ -305,8 +312,9 @@ class StreamResponder:
                 now = self._loop.time()
                 if self._body_closed:
                     # The stream already ended (error event, client gone): what the
-                    # app still sends is metered (zombie tokens), never written.
-                    if body:
+                    # app still sends is metered (zombie tokens), never written
+                    # (a compressed one is not inflated just to be counted).
+                    if body and self._inflater is None:
                         relay.feed(body, now)
                     self._app_closed = not more
                     self._unyielded += len(body)
@@ -316,10 +324,15 @@ class StreamResponder:
                     zombie_burst = True
                 else:
                     zombie_burst = False
-                    out = relay.feed(body, now) if body else b""
-                    if not more:
+                    if self._inflater is not None:
+                        out = await self._feed_inflated(body, now)
+                    else:
+                        out = relay.feed(body, now) if body else b""
+                    if not more and not relay.done:
                         self._app_closed = True
-                        out += relay.upstream_eof(now)
+                        out += relay.upstream_eof(self._loop.time())
+                    elif not more:
+                        self._app_closed = True
                     if relay.done:
                         await self._write(out, last=True, bounded=False)
                     elif out:
@@ -336,6 +349,28 @@ class StreamResponder:
         if relay.done and more:
             # A limit ended the stream mid-body: stop the app like a gone client's.
             self._app_task.stop()
+
+    async def _feed_inflated(self, body: bytes, now: float) -> bytes:
+        """Inflate the app's compressed chunk a step at a time; the last step's output.
+
+        Each full step is written before the next is inflated (under the
+        lock, awaiting the server), so a bomb costs one step of memory and
+        waits for a slow client like any stream.
+        """
+        inflater = self._inflater
+        relay = self._relay
+        assert inflater is not None and relay is not None
+        inflater.feed(body)
+        out = b""
+        while inflater.pending and not relay.done:
+            if out:
+                await self._write(out, last=False, bounded=False)
+            try:
+                piece = inflater.take(_INFLATE_STEP)
+            except InflateError:
+                return relay.upstream_failed(self._loop.time())
+            out = relay.feed(piece, self._loop.time()) if piece else b""
+        return out
 
     async def _write(self, out: bytes, *, last: bool, bounded: bool) -> bool:
         """Send relay output, under the lock. False if the client is gone or too slow.
@@ -503,17 +538,9 @@ class StreamResponder:
         if not relay.done:  # an unexpected path in this face: never publish an open stream
             relay.client_gone(self._loop.time())
         scope = self._scope
-        self._context.streams.close(
-            StreamRecord(
-                self._stream_id,
-                route.route,
-                str(scope.get("method", "")),
-                str(scope.get("path", "")),
-                self._status,
-                relay.dialect,
-                relay.meter,
-            )
-        )
+        method, path = str(scope.get("method", "")), str(scope.get("path", ""))
+        record = finished_record(self._stream_id, route.route, method, path, self._status, relay)
+        self._context.streams.close(self, record)
 
 
 def _decode(message: Message) -> list[tuple[str, str]]:

@@ -9,47 +9,17 @@ exactly once, when the stream ends.
 
 from __future__ import annotations
 
-import itertools
-import logging
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamwarden.config import Settings
-from streamwarden.meter import GapObserver, StreamRecord
+from streamwarden.meter import GapObserver
+from streamwarden.register import Listener, StreamRegister
 
 __all__ = ["FaceContext", "Listener", "Streams"]
 
-log = logging.getLogger("streamwarden.middleware")
 
-Listener = Callable[[StreamRecord], None]
-
-
-class Streams:
-    """The middleware's register of streams: how many are in flight, the recently finished."""
-
-    def __init__(self, keep: int = 1000) -> None:
-        self.active = 0
-        #: Requests holding a max_concurrent_streams slot: they asked for a
-        #: stream, and it (or their response) is not over yet.
-        self.admitted = 0
-        self.finished: deque[StreamRecord] = deque(maxlen=keep)
-        #: Called with each finished stream's record, exactly once per stream.
-        self.listeners: list[Listener] = []
-        self._ids = itertools.count(1)
-
-    def open(self) -> str:
-        self.active += 1
-        return f"{next(self._ids):x}"
-
-    def close(self, record: StreamRecord) -> None:
-        self.active -= 1
-        self.finished.append(record)
-        for listener in self.listeners:
-            try:
-                listener(record)
-            except Exception:
-                log.exception("a stream listener failed")
+class Streams(StreamRegister[object]):
+    """The middleware's register of streams (the rules are both faces', in the core)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,9 +33,10 @@ from yarl import URL
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.headers import drop_hop_by_hop, redact, redact_url, stream_response_headers
-from streamwarden.meter import GapObserver, StreamRecord
+from streamwarden.meter import GapObserver
 from streamwarden.plan import StreamPlan, asks_for_stream, plan_response
 from streamwarden.refusals import RefusalKind
+from streamwarden.register import NO_SLOT, Slot, finished_record
 from streamwarden.relay import Relay
 from streamwarden.sidecar.driver import PassThrough, StreamDriver
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
@@ -115,8 +116,6 @@ class Proxy:
         self.pool: UpstreamPool | None = None
         self._websockets: WebSocketRelay | None = None
         self._trusted_networks = tuple(ipaddress.ip_network(n) for n in settings.trusted_proxies)
-        # Requests that asked for a stream and are in flight (max_concurrent_streams).
-        self._streams_admitted = 0
 
     async def start(self) -> None:
         settings = self.settings
@@ -188,16 +187,17 @@ class Proxy:
         )
         body = self._request_body(request, body_start)
         head = self._request_head(request, body)
-        if not wants_stream:
-            return await self._forward(request, head, body, route, started, early=False)
-        if stream_limit and self._streams_admitted >= stream_limit:
-            return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
-        self._streams_admitted += 1
+        slot = NO_SLOT
+        if wants_stream:
+            held = self.tracker.admit(stream_limit)
+            if held is None:
+                return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
+            slot = held
         try:
-            early = route.early_headers_after > 0
-            return await self._forward(request, head, body, route, started, early=early)
+            early = wants_stream and route.early_headers_after > 0
+            return await self._forward(request, head, body, route, started, slot, early=early)
         finally:
-            self._streams_admitted -= 1
+            slot.release()
 
     async def _forward(
         self,
@@ -206,6 +206,7 @@ class Proxy:
         body: RequestBody | None,
         route: ResolvedRoute,
         started: float,
+        slot: Slot,
         *,
         early: bool,
     ) -> web.StreamResponse:
@@ -230,7 +231,7 @@ class Proxy:
             if early:
                 await asyncio.wait({opening}, timeout=route.early_headers_after)
                 if not opening.done():
-                    return await self._relay_early(request, opening, route, started)
+                    return await self._relay_early(request, opening, route, started, slot)
             exchange = await opening
         except asyncio.CancelledError:
             opening.cancel()
@@ -241,8 +242,9 @@ class Proxy:
             request.method, exchange.head.status, exchange.head.headers, self._extra_types
         )
         if plan is None:
+            slot.release()  # not a stream, whatever the request asked for
             return await self._pass_through(request, exchange, route)
-        return await self._relay(request, exchange, plan, route, started)
+        return await self._relay(request, exchange, plan, route, started, slot)
 
     def _refusal_for(self, exc: UpstreamError) -> web.Response:
         """The error to answer before any response started: one map, for every failure."""
@@ -290,6 +292,7 @@ class Proxy:
         plan: StreamPlan,
         route: ResolvedRoute,
         started: float,
+        slot: Slot,
     ) -> web.StreamResponse:
         upstream = exchange.head
         stream = self._new_stream(request, route, started, plan, upstream.headers)
@@ -303,7 +306,9 @@ class Proxy:
             await driver.run(exchange)
 
         try:
-            await self._run_stream(request, response, stream, plan, route, upstream.status, drive)
+            await self._run_stream(
+                request, response, stream, plan, route, upstream.status, slot, drive
+            )
         finally:
             exchange.finish()  # idempotent: the driver usually did it already
         return response
@@ -314,6 +319,7 @@ class Proxy:
         opening: asyncio.Future[Exchange],
         route: ResolvedRoute,
         started: float,
+        slot: Slot,
     ) -> web.StreamResponse:
         """Commit ``200 text/event-stream`` before the upstream answers, and keep it alive.
 
@@ -341,7 +347,7 @@ class Proxy:
             await driver.run_early(opening, refusal)
 
         try:
-            await self._run_stream(request, response, stream, plan, route, 200, drive)
+            await self._run_stream(request, response, stream, plan, route, 200, slot, drive)
         finally:
             if not opening.done():
                 opening.cancel()
@@ -357,6 +363,7 @@ class Proxy:
         plan: StreamPlan,
         route: ResolvedRoute,
         status: int,
+        slot: Slot,
         drive: Callable[[StreamDriver], Awaitable[None]],
     ) -> None:
         """Track one stream from its head to its record, whatever ends it."""
@@ -370,6 +377,9 @@ class Proxy:
             driver = StreamDriver(channel, stream, plan, route.client_write_timeout)
             channel.on_gone(driver.client_gone)
             await drive(driver)
+            # The slot goes back before the end reaches the client: it may ask
+            # again the moment it has it (an agent loop does).
+            slot.release()
             if not channel.closed:
                 with contextlib.suppress(*CLIENT_GONE):
                     await response.write_eof()
@@ -388,18 +398,10 @@ class Proxy:
                 driver.finish()
             if not relay.done:  # an unexpected error in this face
                 relay.client_gone(loop.time())
-            self.tracker.close(
-                stream,
-                StreamRecord(
-                    stream.stream_id,
-                    route.route,
-                    request.method,
-                    request.path,
-                    status,
-                    relay.dialect,
-                    relay.meter,
-                ),
+            record = finished_record(
+                stream.stream_id, route.route, request.method, request.path, status, relay
             )
+            self.tracker.close(stream, record)
 
     async def _pass_through(
         self, request: web.Request, exchange: Exchange, route: ResolvedRoute
