@@ -29,9 +29,13 @@ Intentional divergences, each for the relay's sake:
   bytes, where a client would strip it and read the first line as a real
   field, although the upstream's own reader ignores it.
 - A CR that ends one chunk and an LF that starts the next are one line
-  ending (as the spec requires); the block is dispatched at the CR, and the
-  LF is carried at the head of the next frame's raw bytes. Both bytes are
-  forwarded, in order.
+  ending (as the spec requires). When that CR ends a block, the block is
+  dispatched at the CR, without waiting for the next read, and the LF
+  becomes a frame of its own (raw ``b"\\n"``, no event) as soon as it
+  arrives: both bytes are forwarded, in order, nothing is held back at a
+  clean end, and no block's frame starts with a stray LF. (Dropping the LF
+  instead would break clients that split lines on LF alone, as
+  google-genai's aiohttp reader does.)
 - Memory is bounded: a block (or line) whose raw size exceeds
   ``max_event_bytes`` raises :class:`EventTooLarge` instead of growing.
 """
@@ -94,6 +98,10 @@ class EventTooLarge(ValueError):
         self.size = size
         self.limit = limit
         self.frames = frames
+
+
+#: The LF of a CRLF whose CR ended the previous frame (see the divergences).
+_SPLIT_LF = Frame(b"\n", None)
 
 
 class SSEFramer:
@@ -164,13 +172,20 @@ class SSEFramer:
                 buf[:0] = _BOM
         pos = self._pos
         n = len(buf)
+        frames: list[Frame] = []
+        block_start = 0
         if self._skip_lf and pos < n:
             self._skip_lf = False
             if buf[pos] == _LF:
                 pos += 1
-        frames: list[Frame] = []
+                if pos == 1:
+                    # The CR ended a block, which left at once; its LF is
+                    # all that is held, and it is not the start of the next
+                    # block: forwarded now, it leaves nothing held at a
+                    # clean end.
+                    frames.append(_SPLIT_LF)
+                    block_start = 1
         limit = self._limit
-        block_start = 0
         lf = buf.find(b"\n", pos)
         cr = buf.find(b"\r", pos)
         while True:
