@@ -743,6 +743,21 @@ def test_retry_applies_as_soon_as_its_line_ends_not_at_dispatch() -> None:
     assert decoder.retry == 300
 
 
+def test_a_retry_too_long_for_an_int_is_ignored_instead_of_breaking_the_decoder() -> None:
+    # Python refuses to convert more than 4,300 digits (a guard against
+    # quadratic work), so a hostile upstream could make the decoder raise
+    # ValueError. Such a value is ignored, as browsers ignore one that
+    # overflows their integer; leading zeros do not count toward the limit.
+    decoder = SSEDecoder()
+    decoder.feed(b"retry: 1000\n\n")
+    assert decoder.feed(b"retry: " + b"9" * 5000 + b"\ndata: x\n\n") == [Event(data="x")]
+    assert decoder.retry == 1000
+    decoder.feed(b"retry: " + b"0" * 5000 + b"25\n\n")
+    assert decoder.retry == 25
+    assert decoder.feed(b"retry: " + b"0" * 5000 + b"\n\n") == []
+    assert decoder.retry == 0
+
+
 def test_id_persists_across_events_and_explicit_empty_id_gives_empty_string() -> None:
     decoder = SSEDecoder()
     events = decoder.feed(b"data: a\n\nid: 1\ndata: b\n\ndata: c\n\nid\ndata: d\n\ndata: e\n\n")

@@ -38,6 +38,8 @@ Intentional divergences, each for the relay's sake:
   google-genai's aiohttp reader does.)
 - Memory is bounded: a block (or line) whose raw size exceeds
   ``max_event_bytes`` raises :class:`EventTooLarge` instead of growing.
+- A ``retry`` value of more digits than Python converts to an integer
+  (4,300 by default, leading zeros aside) is ignored rather than raising.
 """
 
 from __future__ import annotations
@@ -260,7 +262,9 @@ class SSEFramer:
         elif name == b"retry":
             digits = bytes(buf[value_start:end])
             if digits and digits.isdigit():  # bytes.isdigit is ASCII-only
-                self.retry = int(digits)
+                retry = _retry_value(digits)
+                if retry is not None:
+                    self.retry = retry
         # Any other field name is ignored, as the spec requires.
 
     def _dispatch(self) -> Event | None:
@@ -272,6 +276,21 @@ class SSEFramer:
         text = data[0] if len(data) == 1 else "\n".join(data)
         data.clear()
         return Event(event_type or "message", text, self._last_id)
+
+
+def _retry_value(digits: bytes) -> int | None:
+    """The value of a ``retry`` field made only of ASCII digits.
+
+    Python converts at most ``sys.get_int_max_str_digits()`` digits (4,300
+    by default) and raises ``ValueError`` beyond: from an upstream's bytes,
+    that would break the stream. Such a value (leading zeros aside) means
+    nothing as milliseconds and is ignored, keeping the previous one, as a
+    browser ignores a value that overflows its integer.
+    """
+    try:
+        return int(digits.lstrip(b"0") or b"0")
+    except ValueError:
+        return None
 
 
 class SSEDecoder:
