@@ -392,3 +392,43 @@ def test_line_framer_with_a_limit_raises_only_event_too_large_with_whole_lines(
         assert all(len(line) <= limit for line in lines)
     whole = [raw for raw in lines if raw.endswith(b"\n")]
     assert frames == [expected_line_frame(raw) for raw in whole[: len(frames)]]
+
+
+# --- (e) work per read ---------------------------------------------------------
+
+
+class SearchCounter(bytearray):
+    """A framer buffer that counts the bytes its ``find`` calls look at.
+
+    Counting is deterministic where timing a run on a busy CI machine is
+    not; what it counts is the work that grows with the input.
+    """
+
+    searched = 0
+
+    def find(self, sub: object, start: int | None = 0, end: int | None = None) -> int:  # type: ignore[override]
+        start = start or 0
+        stop = len(self) if end is None else end
+        found = super().find(sub, start, stop)  # type: ignore[arg-type]
+        self.searched += (found + 1 if found != -1 else stop) - start
+        return found
+
+
+def searched_while_feeding(framer: SSEFramer | LineFramer, stream: bytes) -> int:
+    counter = SearchCounter()
+    framer._buf = counter  # white-box: the one buffer every search runs over
+    for i in range(len(stream)):
+        framer.feed(stream[i : i + 1])
+    return counter.searched
+
+
+LONG = 64 * 1024
+
+
+def test_a_line_that_arrives_a_byte_per_read_is_searched_once_not_once_per_read() -> None:
+    # A hostile upstream can send one byte per packet; searching the held
+    # line again on every read would cost the square of its length.
+    sse = b"data: " + b"x" * LONG + b"\n\n"
+    assert searched_while_feeding(SSEFramer(), sse) < 4 * len(sse)
+    ndjson = b'{"a":"' + b"x" * LONG + b'"}\n'
+    assert searched_while_feeding(LineFramer(), ndjson) < 4 * len(ndjson)

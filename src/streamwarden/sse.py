@@ -144,6 +144,7 @@ class SSEFramer:
         "_limit",
         "_more_data",
         "_pos",
+        "_scanned",
         "_skip_lf",
         "_stream_start",
         "retry",
@@ -155,6 +156,9 @@ class SSEFramer:
         # current, incomplete line starts (earlier lines are already parsed).
         self._buf = bytearray()
         self._pos = 0
+        # How far the buffer is known to hold no CR or LF after _pos: a line
+        # that arrives over many reads is searched once, not once per read.
+        self._scanned = 0
         self._skip_lf = False
         self._stream_start = True
         self._bom_stripped = False
@@ -218,8 +222,9 @@ class SSEFramer:
                     frames.append(_SPLIT_LF)
                     block_start = 1
         limit = self._limit
-        lf = buf.find(b"\n", pos)
-        cr = buf.find(b"\r", pos)
+        scan_from = max(pos, self._scanned)
+        lf = buf.find(b"\n", scan_from)
+        cr = buf.find(b"\r", scan_from)
         while True:
             if lf != -1 and lf < pos:
                 lf = buf.find(b"\n", pos)
@@ -263,6 +268,7 @@ class SSEFramer:
             elif buf[pos] != 0x3A:  # lines starting with ":" are comments
                 self._field(buf, pos, eol)
             pos = nxt
+        self._scanned = n - block_start  # the loop ends when no line ending is left
         if block_start:
             del buf[:block_start]
             pos -= block_start
@@ -299,6 +305,7 @@ class SSEFramer:
         raise EventTooLarge(size, self._limit or 0, frames)
 
     def _forget_block(self) -> None:
+        self._scanned = 0
         self._data_lines = 0
         self._more_data.clear()
         self._event_start = -1
@@ -505,11 +512,14 @@ class LineFramer:
     As with SSE, a final line without its terminator is never dispatched.
     """
 
-    __slots__ = ("_buf", "_failed", "_limit")
+    __slots__ = ("_buf", "_failed", "_limit", "_scanned")
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._limit = max_event_bytes
         self._buf = bytearray()
+        # How much of the held, unfinished line is known to have no LF: a
+        # line that arrives over many reads is searched once, not per read.
+        self._scanned = 0
         self._failed = False
 
     @property
@@ -524,7 +534,8 @@ class LineFramer:
         frames: list[Frame] = []
         limit = self._limit
         start = 0
-        while (lf := buf.find(b"\n", start)) != -1:
+        scan = self._scanned
+        while (lf := buf.find(b"\n", scan)) != -1:
             end = lf + 1
             if limit is not None and end - start > limit:
                 self._fail(end - start, frames)
@@ -532,7 +543,8 @@ class LineFramer:
                 frames.append(_line_frame(bytes(buf[start:end])))
             else:
                 frames.append(_large_line_frame(buf, start, end))
-            start = end
+            start = scan = end
+        self._scanned = len(buf) - start
         if start:
             del buf[:start]
         if limit is not None and len(buf) > limit:
@@ -547,11 +559,13 @@ class LineFramer:
         truncated record, and forwarding it would hand the client broken JSON.
         """
         self._buf.clear()
+        self._scanned = 0
         return []
 
     def _fail(self, size: int, frames: list[Frame]) -> None:
         self._failed = True
         self._buf.clear()
+        self._scanned = 0
         raise EventTooLarge(size, self._limit or 0, frames)
 
 
