@@ -35,6 +35,27 @@ def reference_lines(text: str) -> list[str]:
     return pieces
 
 
+_BYTES_END_OF_LINE = re.compile(b"\r\n|\n|\r")
+
+
+def block_boundary(stream: bytes) -> int:
+    """The length of the longest prefix of ``stream`` that ends with a blank line.
+
+    That prefix holds only whole blocks: a reader (or a framer) that has
+    seen it is between blocks, with nothing held back. What follows is an
+    unfinished block, or nothing. Line endings are ASCII bytes, so this
+    works on the raw bytes. Pass the stream as a framer forwards it, without
+    its leading BOM (a BOM left in place is part of the first line).
+    """
+    boundary = 0
+    line_start = 0
+    for ending in _BYTES_END_OF_LINE.finditer(stream):
+        if ending.start() == line_start:  # an empty line: the end of a block
+            boundary = ending.end()
+        line_start = ending.end()
+    return boundary
+
+
 def reference_decode(stream: bytes) -> tuple[list[Event], int | None]:
     """Interpret a complete event stream.
 

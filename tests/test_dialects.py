@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 
 from streamwarden.dialects import detect, sniff, stream_framing
-from streamwarden.relay import Limits, Relay
+from streamwarden.dialects.gemini import Gemini
+from streamwarden.relay import ErrorCode, Limits, Relay
 from streamwarden.sse import Event, LineFramer, SSEDecoder, SSEFramer
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
@@ -178,7 +180,10 @@ ERROR_SHAPES = {
         and json.loads(e.data)["type"] == "error"
         and json.loads(e.data)["error"]["code"] == "stream_truncated"
     ),
-    "gemini": lambda e: json.loads(e.data)["error"]["code"] == "stream_truncated",
+    "gemini": lambda e: (
+        json.loads(e.data)["error"]["code"] == 500
+        and json.loads(e.data)["error"]["details"][0]["metadata"]["code"] == "stream_truncated"
+    ),
     "generic": lambda e: (
         e.event == "error" and json.loads(e.data)["error"]["code"] == "stream_truncated"
     ),
@@ -204,6 +209,53 @@ def test_error_event_names_its_code_in_a_machine_field_and_in_its_message(dialec
     else:
         assert ERROR_SHAPES[dialect](event)
     assert f"({code})" in event.data
+
+
+# google.rpc.Code names and the HTTP status Google's APIs answer with for each
+# (google/rpc/code.proto), for the ones a synthesized error may use.
+GOOGLE_HTTP_STATUS = {
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+    "RESOURCE_EXHAUSTED": 429,
+    "DATA_LOSS": 500,
+    "UNKNOWN": 500,
+}
+GEMINI_STATUS = {
+    ErrorCode.STREAM_TRUNCATED: "INTERNAL",
+    ErrorCode.UPSTREAM_ERROR: "UNAVAILABLE",
+    ErrorCode.UPSTREAM_TIMEOUT: "DEADLINE_EXCEEDED",
+    ErrorCode.DURATION_EXCEEDED: "DEADLINE_EXCEEDED",
+    ErrorCode.EVENT_TOO_LARGE: "INTERNAL",
+    ErrorCode.SHUTTING_DOWN: "UNAVAILABLE",
+}
+
+
+@pytest.mark.parametrize("code", list(ErrorCode), ids=[c.value for c in ErrorCode])
+def test_gemini_error_is_googles_error_object_with_our_code_in_message_and_details(
+    code: ErrorCode,
+) -> None:
+    gemini = Gemini()
+    (event,) = SSEDecoder().feed(gemini.error_event(code, f"streamwarden: it broke ({code})"))
+    obj = json.loads(event.data)
+    # google-genai only looks for errors in chunks whose JSON starts with {"error":.
+    assert event.data.startswith('{"error":')
+    assert list(obj) == ["error"]
+    error = obj["error"]
+    # An integer HTTP status, paired with its status name as Google pairs them.
+    assert type(error["code"]) is int
+    assert error["status"] == GEMINI_STATUS[code]
+    assert error["code"] == GOOGLE_HTTP_STATUS[error["status"]]
+    assert error["message"].endswith(f"({code})")
+    (info,) = error["details"]
+    assert info == {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": code.upper(),
+        "domain": "streamwarden",
+        "metadata": {"code": code.value},
+    }
+    assert re.fullmatch(r"[A-Z][A-Z0-9_]+[A-Z0-9]", info["reason"])  # ErrorInfo's rule
+    assert gemini.inspect(event).error  # and it reads back as an upstream error
 
 
 def test_detection_prefers_headers_over_path() -> None:

@@ -166,6 +166,75 @@ def test_every_ending_has_one_end_state_and_the_right_error_event(case: Case) ->
     assert relay.end_state == case.end_state
 
 
+def truncation_message(path: str, content_type: str, upstream: bytes, dialect: str) -> str:
+    relay = Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path=path,
+        content_type=content_type,
+        headers={},
+        dialect=dialect,
+    )
+    relay.feed(upstream, 0.1)
+    out = relay.upstream_eof(0.2)
+    assert relay.meter.error_code == "stream_truncated"
+    data = SSEDecoder().feed(out)[0].data if content_type == "text/event-stream" else out
+    message = json.loads(data)["error"]
+    return message["message"] if isinstance(message, dict) else str(message)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "content_type", "upstream", "expected"),
+    [
+        # Ended between events, before the terminal event the dialect promises.
+        (
+            "openai-chat",
+            "text/event-stream",
+            chunk("a"),
+            "streamwarden: the upstream ended the stream without data: [DONE] (stream_truncated)",
+        ),
+        # Ended inside an event, in a dialect that has no terminal event: the
+        # only thing wrong is the unfinished event, so that is what it says.
+        (
+            "generic",
+            "text/event-stream",
+            b"data: a\n\ndata: b",
+            "streamwarden: the upstream ended the stream inside an unfinished event"
+            " (stream_truncated)",
+        ),
+        # Inside an event, before the terminal event: both are said.
+        (
+            "openai-chat",
+            "text/event-stream",
+            chunk("a") + b'data: {"choi',
+            "streamwarden: the upstream ended the stream inside an unfinished event,"
+            " before data: [DONE] (stream_truncated)",
+        ),
+        # A line-framed stream without a terminal line (not Ollama-shaped).
+        (
+            "ndjson",
+            "application/x-ndjson",
+            b'{"n": 1}\n{"n"',
+            "streamwarden: the upstream ended the stream inside an unfinished line"
+            " (stream_truncated)",
+        ),
+    ],
+    ids=[
+        "boundary-with-terminal",
+        "generic-mid-event",
+        "mid-event-with-terminal",
+        "ndjson-mid-line",
+    ],
+)
+def test_the_truncation_message_says_what_happened(
+    dialect: str, content_type: str, upstream: bytes, expected: str
+) -> None:
+    message = truncation_message("/x", content_type, upstream, dialect)
+    assert message == expected
+    assert "none" not in message
+
+
 def test_events_before_a_failure_are_forwarded_and_the_partial_one_is_dropped() -> None:
     relay = new_relay()
     out = relay.feed(chunk("a") + chunk("b") + b'data: {"partial', 0.1)

@@ -1,28 +1,60 @@
-"""The official SDKs end silently on a truncated stream, and raise on our error event.
+"""The official SDKs end silently on a broken stream, and raise their own error on ours.
 
-A tiny local server replays bytes to the real ``openai`` and ``anthropic``
-clients: first the truncated provider stream as is (the problem: the SDK
-ends without a word), then the same bytes after the relay has appended its
-synthesized error event (the SDK raises, carrying the code).
+Two parts:
+
+- Replays: a tiny local server replays recorded provider streams cut
+  before their terminal event, to the real clients: first as is (the
+  problem: the SDK ends without a word), then with the relay's synthesized
+  error event appended (the SDK raises, carrying the code). For Gemini the
+  replay also shows why the error object must be Google's own shape.
+- The matrix: each SDK reads a streamed answer from the mock upstream, for
+  each fault the mock can inject (cut at an event boundary, cut inside an
+  event, silence, one giant event, a TCP reset). Directly from the mock
+  the SDK ends silently, hangs, swallows the giant event, or fails without
+  a reason; through a real in-process sidecar it raises the SDK's own
+  error class, with the machine code where that SDK shows errors.
+
+The SDKs: openai (Chat Completions and Responses), anthropic, google-genai
+(Gemini), ollama (NDJSON) and the Vercel AI SDK's UI message stream
+reader, run with Node when it and the ``ai`` package are installed
+(``npm ci --prefix tests/js``). The Vercel data stream protocol (AI SDK 4)
+has no reader left in the current SDK, so it is not in the matrix.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+import json
+import re
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anthropic
+import ollama
 import openai
 import pytest
 from aiohttp import web
+from google import genai
+from google.genai import types as genai_types
 
+from streamwarden.mock import MockServer, mock_text
 from streamwarden.relay import Limits, Relay
+from streamwarden.sidecar import Sidecar
 from streamwarden.sse import SSEFramer
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
 
+# google-genai subclasses aiohttp's ClientSession, which aiohttp warns about.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Inheritance class AiohttpClientSession:DeprecationWarning"
+)
+
 Replay = Callable[[bytes], str]
+StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 
 @pytest.fixture
@@ -54,7 +86,8 @@ async def replay() -> AsyncIterator[Replay]:
     await runner.cleanup()
 
 
-def cut_before_terminal(name: str, path: str, terminal: Callable[[Relay], bool]) -> bytes:
+def cut_before_terminal(name: str, path: str) -> bytes:
+    """The recorded stream ``name`` up to (without) its terminal event."""
     framer = SSEFramer()
     relay = Relay(
         LIMITS, started_at=0, now=0, path=path, content_type="text/event-stream", headers={}
@@ -62,7 +95,7 @@ def cut_before_terminal(name: str, path: str, terminal: Callable[[Relay], bool])
     kept = b""
     for frame in framer.feed((STREAMS / name).read_bytes()):
         relay.feed(frame.raw, 1.0)
-        if terminal(relay):
+        if relay._terminal_seen:
             return kept
         kept += frame.raw
     raise AssertionError("fixture has no terminal event")
@@ -75,79 +108,241 @@ def through_relay(data: bytes, path: str) -> bytes:
     return relay.feed(data, 1.0) + relay.upstream_eof(2.0)
 
 
-def _terminal_seen(relay: Relay) -> bool:
-    return relay._terminal_seen
+# -- the SDK readers ------------------------------------------------------------------
+# Each reads one streamed answer, appending its text to ``got`` as it arrives
+# (so a test can see what came before an error), and returns the whole text.
+
+Reader = Callable[[str, dict[str, str], list[str]], Awaitable[str]]
 
 
-async def openai_chat_text(base_url: str) -> str:
-    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="test", max_retries=0)
-    text = ""
-    stream = await client.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
+async def openai_chat_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    async with openai.AsyncOpenAI(
+        base_url=base_url + "/v1", api_key="test", max_retries=0, default_headers=headers
+    ) as client:
+        stream = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        async for chunk in stream:
+            got.extend(choice.delta.content or "" for choice in chunk.choices)
+    return "".join(got)
+
+
+async def openai_responses_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    async with openai.AsyncOpenAI(
+        base_url=base_url + "/v1", api_key="test", max_retries=0, default_headers=headers
+    ) as client:
+        stream = await client.responses.create(model="gpt-4.1-mini", input="hi", stream=True)
+        async for event in stream:
+            if event.type == "response.output_text.delta":
+                got.append(event.delta)
+    return "".join(got)
+
+
+async def anthropic_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    async with anthropic.AsyncAnthropic(
+        base_url=base_url, api_key="test", max_retries=0, default_headers=headers
+    ) as client:
+        stream = await client.messages.create(
+            model="claude-sonnet-4-20250514",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+        )
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                got.append(event.delta.text)
+    return "".join(got)
+
+
+async def gemini_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    options = genai_types.HttpOptions(base_url=base_url, headers=headers)
+    client = genai.Client(api_key="test", http_options=options).aio
+    try:
+        stream = await client.models.generate_content_stream(
+            model="gemini-2.5-flash", contents="hi"
+        )
+        async for chunk in stream:
+            got.append(chunk.text or "")
+    finally:
+        await client.aclose()
+    return "".join(got)
+
+
+async def ollama_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    client = ollama.AsyncClient(host=base_url, headers=headers)
+    try:
+        stream = await client.chat(
+            model="llama3.2", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        async for part in stream:
+            got.append(part.message.content or "")
+    finally:
+        await client.close()
+    return "".join(got)
+
+
+JS = Path(__file__).parent / "js"
+
+
+class VercelStreamError(Exception):
+    """What the Vercel AI SDK raised in Node, carried back to Python."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+        self.message = message
+
+
+async def vercel_ui_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    process = await asyncio.create_subprocess_exec(
+        "node",
+        str(JS / "read_ui_message_stream.mjs"),
+        base_url + "/vercel/ui-stream",
+        json.dumps(headers),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    async for chunk in stream:
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-    await client.close()
-    return text
+    try:
+        out, err = await process.communicate()
+    except asyncio.CancelledError:
+        process.kill()
+        await process.wait()
+        raise
+    if not out.strip():
+        raise AssertionError(f"the Node reader failed: {err.decode(errors='replace')[-2000:]}")
+    result = json.loads(out)
+    got.append(result["text"])
+    if "error" in result:
+        raise VercelStreamError(result["error"], result["message"])
+    return str(result["text"])
+
+
+# -- how each SDK shows our code ----------------------------------------------------
+
+_CODE_AT_END = re.compile(r"\((\w+)\)$")
+
+
+def openai_code(exc: BaseException) -> str | None:
+    if isinstance(exc, openai.APIError) and exc.code is not None:
+        assert f"({exc.code})" in exc.message
+        return str(exc.code)
+    return None
+
+
+def anthropic_code(exc: BaseException) -> str | None:
+    if isinstance(exc, anthropic.APIStatusError) and isinstance(exc.body, dict):
+        assert exc.status_code == 200  # raised from the stream, not from a status
+        error = exc.body.get("error")
+        if isinstance(error, dict) and "code" in error:
+            assert f"({error['code']})" in str(exc)
+            return str(error["code"])
+    return None
+
+
+def gemini_code(exc: BaseException) -> str | None:
+    if not isinstance(exc, genai.errors.APIError) or not isinstance(exc.details, dict):
+        return None
+    # google-genai's own fields: an integer status, its name, the message...
+    assert isinstance(exc.code, int) and exc.code >= 500
+    assert exc.status in ("INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+    match = _CODE_AT_END.search(exc.message or "")
+    # ...and the code in the ErrorInfo detail of the error object it keeps.
+    (info,) = exc.details["error"]["details"]
+    assert info["domain"] == "streamwarden"
+    assert match is not None and match.group(1) == info["metadata"]["code"]
+    return str(info["metadata"]["code"])
+
+
+def ollama_code(exc: BaseException) -> str | None:
+    # The ollama client keeps only the error string of an {"error": ...} line.
+    if isinstance(exc, ollama.ResponseError):
+        match = _CODE_AT_END.search(exc.error)
+        return match.group(1) if match else None
+    return None
+
+
+def vercel_code(exc: BaseException) -> str | None:
+    # readUIMessageStream raises a plain Error with the error part's text.
+    if isinstance(exc, VercelStreamError) and exc.name == "Error":
+        match = _CODE_AT_END.search(exc.message)
+        return match.group(1) if match else None
+    return None
+
+
+def node_and_ai_sdk() -> str | None:
+    """Why the Vercel AI SDK cannot run here, or ``None`` if it can."""
+    if shutil.which("node") is None:
+        return "node is not installed"
+    if not (JS / "node_modules" / "ai" / "package.json").exists():
+        return "the Vercel AI SDK is not installed (npm ci --prefix tests/js)"
+    return None
+
+
+@dataclass(frozen=True)
+class SDK:
+    name: str
+    read: Reader
+    code_of: Callable[[BaseException], str | None]
+    # What reading an answer cut inside an event does without streamwarden.
+    mid_event_without_us: str  # "silent" or "raises without a code"
+
+
+SDKS = [
+    SDK("openai-chat", openai_chat_text, openai_code, "silent"),
+    SDK("openai-responses", openai_responses_text, openai_code, "silent"),
+    SDK("anthropic", anthropic_text, anthropic_code, "silent"),
+    # Both parse the half event left at the end: UnknownApiResponseError,
+    # json.JSONDecodeError.
+    SDK("google-genai", gemini_text, gemini_code, "raises without a code"),
+    SDK("ollama", ollama_text, ollama_code, "raises without a code"),
+    SDK("vercel-ai", vercel_ui_text, vercel_code, "silent"),
+]
+
+
+def sdk_params() -> list[Any]:
+    skip = node_and_ai_sdk()
+    return [
+        pytest.param(
+            sdk,
+            id=sdk.name,
+            marks=[pytest.mark.skip(reason=skip)] if sdk.name == "vercel-ai" and skip else [],
+        )
+        for sdk in SDKS
+    ]
+
+
+# -- replays --------------------------------------------------------------------------
 
 
 async def test_openai_chat_sdk_ends_silently_on_truncation_and_raises_on_our_error(
     replay: Replay,
 ) -> None:
-    cut = cut_before_terminal("openai_chat_text.sse", "/v1/chat/completions", _terminal_seen)
+    cut = cut_before_terminal("openai_chat_text.sse", "/v1/chat/completions")
     # The problem: the SDK returns a shorter answer without any error.
-    text = await openai_chat_text(replay(cut))
+    text = await openai_chat_text(replay(cut), {}, [])
     assert text  # it got the truncated answer and no exception
     # Through the relay: the same bytes plus the synthesized error event.
     with pytest.raises(openai.APIError) as caught:
-        await openai_chat_text(replay(through_relay(cut, "/v1/chat/completions")))
+        await openai_chat_text(replay(through_relay(cut, "/v1/chat/completions")), {}, [])
     assert caught.value.code == "stream_truncated"
     assert "stream_truncated" in caught.value.message
 
 
-async def openai_responses_text(base_url: str) -> str:
-    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="test", max_retries=0)
-    text = ""
-    stream = await client.responses.create(model="gpt-4.1-mini", input="hi", stream=True)
-    async for event in stream:
-        if event.type == "response.output_text.delta":
-            text += event.delta
-    await client.close()
-    return text
-
-
 async def test_openai_responses_sdk_raises_on_our_error(replay: Replay) -> None:
-    cut = cut_before_terminal("openai_responses_text.sse", "/v1/responses", _terminal_seen)
-    assert await openai_responses_text(replay(cut))  # silent without us
+    cut = cut_before_terminal("openai_responses_text.sse", "/v1/responses")
+    assert await openai_responses_text(replay(cut), {}, [])  # silent without us
     with pytest.raises(openai.APIError) as caught:
-        await openai_responses_text(replay(through_relay(cut, "/v1/responses")))
+        await openai_responses_text(replay(through_relay(cut, "/v1/responses")), {}, [])
     assert caught.value.code == "stream_truncated"
-
-
-async def anthropic_text(base_url: str) -> str:
-    client = anthropic.AsyncAnthropic(base_url=base_url, api_key="test", max_retries=0)
-    text = ""
-    stream = await client.messages.create(
-        model="claude-sonnet-4-20250514",
-        max_tokens=100,
-        messages=[{"role": "user", "content": "hi"}],
-        stream=True,
-    )
-    async for event in stream:
-        if event.type == "content_block_delta" and event.delta.type == "text_delta":
-            text += event.delta.text
-    await client.close()
-    return text
 
 
 async def test_anthropic_sdk_ends_silently_on_truncation_and_raises_on_our_error(
     replay: Replay,
 ) -> None:
-    cut = cut_before_terminal("anthropic_text.sse", "/v1/messages", _terminal_seen)
-    assert await anthropic_text(replay(cut))
+    cut = cut_before_terminal("anthropic_text.sse", "/v1/messages")
+    assert await anthropic_text(replay(cut), {}, [])
     with pytest.raises(anthropic.APIStatusError) as caught:
-        await anthropic_text(replay(through_relay(cut, "/v1/messages")))
+        await anthropic_text(replay(through_relay(cut, "/v1/messages")), {}, [])
     assert caught.value.status_code == 200
     assert "stream_truncated" in str(caught.value)
     body = caught.value.body
@@ -157,6 +352,135 @@ async def test_anthropic_sdk_ends_silently_on_truncation_and_raises_on_our_error
 
 async def test_anthropic_sdk_ignores_an_unnamed_error_payload(replay: Replay) -> None:
     """Why the anthropic dialect names its error event: a bare data error is skipped."""
-    cut = cut_before_terminal("anthropic_text.sse", "/v1/messages", _terminal_seen)
+    cut = cut_before_terminal("anthropic_text.sse", "/v1/messages")
     bare = cut + b'data: {"type":"error","error":{"type":"api_error","message":"x"}}\n\n'
-    assert await anthropic_text(replay(bare))
+    assert await anthropic_text(replay(bare), {}, [])
+
+
+GEMINI_PATH = "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
+
+
+async def test_google_genai_ends_silently_on_truncation_and_raises_api_error_on_ours(
+    replay: Replay,
+) -> None:
+    cut = cut_before_terminal("gemini_text.sse", GEMINI_PATH)
+    assert await gemini_text(replay(cut), {}, [])  # the problem: silent
+    with pytest.raises(genai.errors.APIError) as caught:
+        await gemini_text(replay(through_relay(cut, GEMINI_PATH)), {}, [])
+    assert isinstance(caught.value, genai.errors.ServerError)
+    assert (caught.value.code, caught.value.status) == (500, "INTERNAL")
+    assert gemini_code(caught.value) == "stream_truncated"
+
+
+async def test_google_genai_crashes_on_an_error_whose_code_is_a_string(replay: Replay) -> None:
+    """Why the Gemini error's ``code`` is the integer status: google-genai compares it."""
+    cut = cut_before_terminal("gemini_text.sse", GEMINI_PATH)
+    string_code = (
+        b'data: {"error":{"code":"stream_truncated","message":"streamwarden: cut'
+        b' (stream_truncated)","status":"INTERNAL"}}\n\n'
+    )
+    with pytest.raises(TypeError):
+        await gemini_text(replay(cut + string_code), {}, [])
+
+
+# -- the matrix: every SDK, every fault, directly and through the sidecar --------------
+
+TOKENS = 6
+FULL_ANSWER = mock_text(TOKENS)
+FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": str(TOKENS)}
+GIANT = 1 << 20
+SIDECAR = {"upstream_idle_timeout": "300ms", "max_event_bytes": "64KiB"}
+# How long a direct read of a silent upstream is given: three times what the
+# sidecar needs to give up on it.
+HANG = 1.0
+
+FAULTS = {
+    "truncate": "stream_truncated",
+    "truncate-mid": "stream_truncated",
+    "stall": "upstream_timeout",
+    "giant-event": "event_too_large",
+    "reset": "upstream_error",
+}
+
+
+def fault_headers(fault: str) -> dict[str, str]:
+    return {**FAST, "x-mock-fault": fault, "x-mock-size": str(GIANT)}
+
+
+async def outcome(sdk: SDK, base_url: str, fault: str) -> tuple[str, BaseException | None]:
+    """Read one answer; return the text that arrived and what was raised, if anything."""
+    got: list[str] = []
+    try:
+        await sdk.read(base_url, fault_headers(fault), got)
+    except Exception as exc:  # what the SDK raised is the point
+        return "".join(got), exc
+    return "".join(got), None
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_without_streamwarden_each_sdk_reads_a_whole_answer(
+    mock: MockServer, sdk: SDK
+) -> None:
+    got: list[str] = []
+    assert await sdk.read(mock.url, FAST, got) == FULL_ANSWER
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_without_streamwarden_a_cut_stream_is_a_silently_short_answer(
+    mock: MockServer, sdk: SDK
+) -> None:
+    text, raised = await outcome(sdk, mock.url, "truncate")
+    assert raised is None
+    assert FULL_ANSWER.startswith(text) and len(text) < len(FULL_ANSWER)
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_without_streamwarden_a_stream_cut_inside_an_event_gives_no_reason(
+    mock: MockServer, sdk: SDK
+) -> None:
+    text, raised = await outcome(sdk, mock.url, "truncate-mid")
+    assert FULL_ANSWER.startswith(text) and len(text) < len(FULL_ANSWER)
+    if sdk.mid_event_without_us == "silent":
+        assert raised is None
+    else:
+        assert raised is not None and sdk.code_of(raised) is None
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_without_streamwarden_a_silent_upstream_hangs_the_sdk(
+    mock: MockServer, sdk: SDK
+) -> None:
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(HANG):
+            await outcome(sdk, mock.url, "stall")
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_without_streamwarden_a_giant_event_reaches_the_sdk_whole(
+    mock: MockServer, sdk: SDK
+) -> None:
+    text, raised = await outcome(sdk, mock.url, "giant-event")
+    assert raised is None
+    assert len(text) > GIANT // 2
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_without_streamwarden_a_reset_is_an_error_without_a_reason(
+    mock: MockServer, sdk: SDK
+) -> None:
+    _, raised = await outcome(sdk, mock.url, "reset")
+    assert raised is not None
+    assert sdk.code_of(raised) is None
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_through_streamwarden_each_fault_raises_the_sdks_own_error_with_our_code(
+    mock: MockServer, start_sidecar: StartSidecar, sdk: SDK, fault: str
+) -> None:
+    sidecar = await start_sidecar(mock.url, **SIDECAR)
+    text, raised = await outcome(sdk, sidecar.proxy_url, fault)
+    assert raised is not None, f"{sdk.name} ended silently on {fault}"
+    assert sdk.code_of(raised) == FAULTS[fault], repr(raised)
+    # What came before the failure was delivered, and nothing of the broken event.
+    assert FULL_ANSWER.startswith(text) and len(text) < len(FULL_ANSWER)

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from sse_reference import reference_decode
-from streamwarden.sse import Event, SSEDecoder, SSEFramer
+from sse_reference import block_boundary, reference_decode
+from streamwarden.relay import Limits, Relay
+from streamwarden.sse import Event, Frame, SSEDecoder, SSEFramer
 
 SPEC = "https://html.spec.whatwg.org/multipage/server-sent-events.html"
 WPT = "https://github.com/web-platform-tests/wpt/blob/master/eventsource/"
@@ -425,6 +426,21 @@ EDGE_CASES: list[Case] = [
     Case("bom-then-blank-line", HERE, BOM + b"\ndata: x\n\n", (msg("x"),)),
     Case("partial-bom-is-not-a-bom", HERE, b"\xef\xbbdata: x\n\ndata: y\n\n", (msg("y"),)),
     Case("empty-stream", HERE, b"", ()),
+    # CRLF framing to the very end: cut between the last CR and LF, the LF
+    # must not be left over as the start of a block that never comes.
+    Case("crlf-event-ends-the-stream", HERE, b"data: x\r\n\r\n", (msg("x"),)),
+    Case("crlf-comments-only", HERE, b": ping\r\n\r\n: ping\r\n\r\n", ()),
+    Case("bom-then-crlf-event", HERE, BOM + b"data: x\r\n\r\n", (msg("x"),)),
+    Case(
+        "gemini-style-crlf-framing",
+        HERE,
+        b'data: {"candidates": [{"content": {"parts": [{"text": "Hi"}]}}]}\r\n\r\n'
+        b'data: {"candidates": [{"finishReason": "STOP"}]}\r\n\r\n',
+        (
+            msg('{"candidates": [{"content": {"parts": [{"text": "Hi"}]}}]}'),
+            msg('{"candidates": [{"finishReason": "STOP"}]}'),
+        ),
+    ),
 ]
 
 ALL_CASES = PUBLIC_CASES + EDGE_CASES
@@ -463,16 +479,40 @@ def without_bom(stream: bytes) -> bytes:
     return stream
 
 
+def assert_no_frame_starts_inside_a_line_ending(frames: list[Frame]) -> None:
+    """A block's frame starts with the block's own first byte.
+
+    The only frame that starts with an LF is that LF alone: a blank line of
+    its own, or the second half of a CRLF whose CR ended the previous frame
+    (it arrived in a later read). Glued to the next block instead, that LF
+    would be held back with it and make a clean end look like an unfinished
+    block.
+    """
+    for frame in frames:
+        if frame.raw.startswith(b"\n"):
+            assert frame == Frame(b"\n", None)
+
+
 def check_framer(stream: bytes, chunks: list[bytes], expected: list[Event]) -> None:
-    """Frames are the consumed input, byte for byte, and decode to the same events."""
+    """Frames are the consumed input, byte for byte, and decode to the same events.
+
+    After every chunk the framer holds back exactly the unfinished block,
+    nothing more: everything up to the last blank line has been forwarded.
+    """
     framer = SSEFramer()
-    frames = []
+    frames: list[Frame] = []
+    consumed = 0
     for chunk in chunks:
         frames += framer.feed(chunk)
+        consumed += len(chunk)
+        so_far = without_bom(stream[:consumed])
+        assert framer.pending_bytes == len(so_far) - block_boundary(so_far)
     body = without_bom(stream)
     forwarded = b"".join(frame.raw for frame in frames)
     assert forwarded == body[: len(forwarded)]
     assert framer.pending_bytes == len(body) - len(forwarded)
+    assert len(forwarded) == block_boundary(body)
+    assert_no_frame_starts_inside_a_line_ending(frames)
     assert [f.event for f in frames if f.event is not None] == expected
     redecoded, _ = decode_chunks([forwarded])
     assert redecoded == expected
@@ -574,17 +614,43 @@ def test_cr_ending_a_blank_line_dispatches_without_waiting_for_the_next_byte() -
     assert decoder.feed(b"data:a\r\r") == [Event(data="a")]
 
 
-def test_framer_carries_the_lf_of_a_split_crlf_at_the_head_of_the_next_frame() -> None:
+def test_framer_forwards_the_lf_of_a_split_crlf_as_a_frame_of_its_own() -> None:
+    # The CR already ended the block (dispatching it at once); its LF,
+    # arriving in the next read, is forwarded as soon as it comes, so the
+    # framer holds nothing at a clean end and the next block's frame starts
+    # with its own first line.
     framer = SSEFramer()
     [first] = framer.feed(b"data:a\r\n\r")
     assert first.raw == b"data:a\r\n\r"
     assert first.event == Event(data="a")
     assert framer.pending_bytes == 0
-    assert framer.feed(b"\n") == []
-    assert framer.pending_bytes == 1
+    assert framer.feed(b"\n") == [Frame(b"\n", None)]
+    assert framer.pending_bytes == 0
     [second] = framer.feed(b"data:b\r\n\r\n")
-    assert second.raw == b"\ndata:b\r\n\r\n"
+    assert second.raw == b"data:b\r\n\r\n"
     assert second.event == Event(data="b")
+
+
+def test_the_lf_of_a_split_crlf_leaves_with_the_next_block_in_one_read() -> None:
+    framer = SSEFramer()
+    framer.feed(b"data:a\r\n\r")
+    lf, block = framer.feed(b"\ndata:b\r\n\r\n")
+    assert (lf, block.raw) == (Frame(b"\n", None), b"data:b\r\n\r\n")
+
+
+def test_the_lf_of_a_split_crlf_inside_a_block_stays_in_that_block() -> None:
+    framer = SSEFramer()
+    assert framer.feed(b"data:a\r") == []
+    [frame] = framer.feed(b"\ndata:b\n\n")
+    assert frame.raw == b"data:a\r\ndata:b\n\n"
+    assert frame.event == Event(data="a\nb")
+
+
+def test_a_split_crlf_at_the_stream_start_after_a_bom() -> None:
+    framer = SSEFramer()
+    assert framer.feed(BOM + b"\r") == [Frame(b"\r", None)]
+    assert framer.feed(b"\n") == [Frame(b"\n", None)]
+    assert framer.pending_bytes == 0
 
 
 def test_multibyte_utf8_characters_split_across_chunks_decode_intact() -> None:
@@ -677,6 +743,21 @@ def test_retry_applies_as_soon_as_its_line_ends_not_at_dispatch() -> None:
     assert decoder.retry == 300
 
 
+def test_a_retry_too_long_for_an_int_is_ignored_instead_of_breaking_the_decoder() -> None:
+    # Python refuses to convert more than 4,300 digits (a guard against
+    # quadratic work), so a hostile upstream could make the decoder raise
+    # ValueError. Such a value is ignored, as browsers ignore one that
+    # overflows their integer; leading zeros do not count toward the limit.
+    decoder = SSEDecoder()
+    decoder.feed(b"retry: 1000\n\n")
+    assert decoder.feed(b"retry: " + b"9" * 5000 + b"\ndata: x\n\n") == [Event(data="x")]
+    assert decoder.retry == 1000
+    decoder.feed(b"retry: " + b"0" * 5000 + b"25\n\n")
+    assert decoder.retry == 25
+    assert decoder.feed(b"retry: " + b"0" * 5000 + b"\n\n") == []
+    assert decoder.retry == 0
+
+
 def test_id_persists_across_events_and_explicit_empty_id_gives_empty_string() -> None:
     decoder = SSEDecoder()
     events = decoder.feed(b"data: a\n\nid: 1\ndata: b\n\ndata: c\n\nid\ndata: d\n\ndata: e\n\n")
@@ -692,3 +773,49 @@ def test_id_persists_across_events_and_explicit_empty_id_gives_empty_string() ->
 def test_empty_data_line_dispatches_an_event_with_empty_data() -> None:
     assert decode_chunks([b"data:\n\n"]) == ([Event(data="")], None)
     assert decode_chunks([b"data: \n\n"]) == ([Event(data="")], None)
+
+
+# --- through the relay ------------------------------------------------------
+
+RELAY_LIMITS = Limits(
+    keepalive_interval=15.0,
+    upstream_idle_timeout=60.0,
+    max_stream_duration=1800.0,
+    max_event_bytes=1 << 20,
+)
+
+
+def relay_generic(chunks: list[bytes]) -> tuple[bytes, Relay]:
+    relay = Relay(
+        RELAY_LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/events",
+        content_type="text/event-stream",
+        headers={},
+        dialect="generic",
+    )
+    out = b"".join(relay.feed(chunk, 1.0) for chunk in chunks)
+    return out + relay.upstream_eof(2.0), relay
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
+def test_relay_ends_a_generic_stream_cleanly_exactly_when_it_ended_between_blocks(
+    case: Case,
+) -> None:
+    # A generic stream has no terminal event: ending after a blank line is
+    # a clean end, whatever the reads were; ending inside a block is not.
+    body = without_bom(case.stream)
+    clean = block_boundary(body) == len(body)
+    chunkings = [[case.stream], byte_by_byte(case.stream)]
+    chunkings += [chunks for _, chunks in two_chunk_splits(case.stream)]
+    for chunks in chunkings:
+        out, relay = relay_generic(chunks)
+        if clean:
+            assert out == body, chunks
+            assert relay.end_state == "completed", chunks
+        else:
+            assert out.startswith(body[: block_boundary(body)])
+            error = out[block_boundary(body) :]
+            assert SSEDecoder().feed(error)[0].event == "error", chunks
+            assert relay.meter.error_code == "stream_truncated", chunks

@@ -17,7 +17,7 @@ from itertools import pairwise
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sse_reference import reference_decode, reference_lines
+from sse_reference import block_boundary, reference_decode, reference_lines
 from streamwarden.sse import Event, EventTooLarge, Frame, LineFramer, SSEDecoder, SSEFramer
 
 BOM = b"\xef\xbb\xbf"
@@ -112,16 +112,23 @@ def assert_frames_are_whole(frames: Sequence[Frame]) -> None:
 
     After every frame the reader is between blocks: an event appended there
     comes out on its own, with no data or event type left over to merge in.
-    And there are as many frames as blank lines.
+    And there are as many frames as blank lines, apart from the LF of a CRLF
+    whose CR ended the frame before (it came in a later read): that LF is a
+    frame of its own, never the head of the next block.
     """
     forwarded = b""
+    blocks = 0
     for k, frame in enumerate(frames, 1):
+        if frame.raw.startswith(b"\n"):
+            assert frame == Frame(b"\n", None)
+        if not (frame.raw == b"\n" and forwarded.endswith(b"\r")):
+            blocks += 1
         forwarded += frame.raw
         decoded, _ = reference_decode(forwarded + _PROBE)
         assert decoded[:-1] == events_of(frames[:k])
         assert (decoded[-1].event, decoded[-1].data) == ("message", "probe")
         text = forwarded.decode("utf-8", "replace").removeprefix("\ufeff")
-        assert reference_lines(text).count("") == k
+        assert reference_lines(text).count("") == blocks
 
 
 # --- (a) the decoder is the reference, at any chunking --------------------------
@@ -148,6 +155,9 @@ def test_decoder_matches_the_whole_stream_reference_at_any_chunking(
 @given(chunked())
 @example((BOM + BOM + b"data:1\n\n", [BOM + BOM + b"data:1\n\n"]))  # wpt format-bom-2
 @example((BOM, [BOM[:1], BOM[1:]]))
+@example((b"data: x\r\n\r\n", [b"data: x\r\n\r", b"\n"]))  # a clean end, cut in its CRLF
+@example((b": c\r\n\r\n", [b": c\r\n\r", b"\n"]))
+@example((BOM + b"data: x\r\n\r\n", [BOM + b"data: x\r\n\r", b"\n"]))
 def test_sse_framer_frames_are_the_input_prefix_and_redecode_to_the_same_events(
     case: tuple[bytes, list[bytes]],
 ) -> None:
@@ -164,6 +174,10 @@ def test_sse_framer_frames_are_the_input_prefix_and_redecode_to_the_same_events(
         forwarded = b"".join(frame.raw for frame in frames)
         assert body_so_far.startswith(forwarded)
         assert framer.pending_bytes == len(body_so_far) - len(forwarded)
+        # And what is held back is only the unfinished block (bytes that
+        # may still turn out to be a BOM hold no line ending): a stream cut
+        # here right after a blank line is a clean end, whatever the chunking.
+        assert len(forwarded) == block_boundary(body_so_far)
 
     body = forwarded_body(stream)
     forwarded = b"".join(frame.raw for frame in frames)
@@ -175,6 +189,48 @@ def test_sse_framer_frames_are_the_input_prefix_and_redecode_to_the_same_events(
     assert_frames_are_whole(frames)
     assert framer.close() == []
     assert framer.pending_bytes == 0
+
+
+# Blocks of many field lines, most of them data: more data lines than the
+# framer tracks by offset (16), so that joining them by rescanning the block
+# is exercised too, at every kind of line ending and chunking.
+_FIELD_LINES = st.tuples(
+    st.sampled_from(
+        [b"data", b"data:", b"data: ", b"data: ", b"data:", b"event:", b"id:", b":", b""]
+    ),
+    st.sampled_from([b"", b"a", b" b", b"\xff", "é".encode(), b"\x00", b"\xe2\x82"]),
+    st.sampled_from([b"\n", b"\r", b"\r\n"]),
+).map(b"".join)
+_BLANK_LINES = st.sampled_from([b"\n", b"\r", b"\r\n"])
+_DATA_RUNS = st.lists(
+    st.tuples(
+        st.sampled_from([b"data", b"data:", b"data: "]),
+        st.sampled_from([b"", b"a", b" b", b"\xff", "é".encode()]),
+        st.sampled_from([b"\n", b"\r", b"\r\n"]),
+    ).map(b"".join),
+    min_size=14,
+    max_size=40,
+).map(b"".join)
+# Blank lines one element in ten, so several blocks per stream (and blocks
+# left open at chunk ends, whose offsets move when the buffer is compacted);
+# runs of 14 to 40 data lines go past what is tracked.
+data_heavy_streams = st.lists(
+    st.one_of(*[_FIELD_LINES] * 8, _BLANK_LINES, _DATA_RUNS), min_size=20, max_size=80
+).map(b"".join)
+
+
+@SETTINGS
+@given(chunked(data_heavy_streams))
+@example((b"data:a\n" * 40 + b"\n", [b"data:a\n" * 20, b"data:a\n" * 20 + b"\n"]))
+def test_events_of_many_data_lines_match_the_reference_at_any_chunking(
+    case: tuple[bytes, list[bytes]],
+) -> None:
+    stream, chunks = case
+    decoder = SSEDecoder()
+    events: list[Event] = []
+    for chunk in chunks:
+        events += decoder.feed(chunk)
+    assert events == reference_decode(stream)[0]
 
 
 # --- (c) bounded memory ----------------------------------------------------------
@@ -336,3 +392,43 @@ def test_line_framer_with_a_limit_raises_only_event_too_large_with_whole_lines(
         assert all(len(line) <= limit for line in lines)
     whole = [raw for raw in lines if raw.endswith(b"\n")]
     assert frames == [expected_line_frame(raw) for raw in whole[: len(frames)]]
+
+
+# --- (e) work per read ---------------------------------------------------------
+
+
+class SearchCounter(bytearray):
+    """A framer buffer that counts the bytes its ``find`` calls look at.
+
+    Counting is deterministic where timing a run on a busy CI machine is
+    not; what it counts is the work that grows with the input.
+    """
+
+    searched = 0
+
+    def find(self, sub: object, start: int | None = 0, end: int | None = None) -> int:  # type: ignore[override]
+        start = start or 0
+        stop = len(self) if end is None else end
+        found = super().find(sub, start, stop)  # type: ignore[arg-type]
+        self.searched += (found + 1 if found != -1 else stop) - start
+        return found
+
+
+def searched_while_feeding(framer: SSEFramer | LineFramer, stream: bytes) -> int:
+    counter = SearchCounter()
+    framer._buf = counter  # white-box: the one buffer every search runs over
+    for i in range(len(stream)):
+        framer.feed(stream[i : i + 1])
+    return counter.searched
+
+
+LONG = 64 * 1024
+
+
+def test_a_line_that_arrives_a_byte_per_read_is_searched_once_not_once_per_read() -> None:
+    # A hostile upstream can send one byte per packet; searching the held
+    # line again on every read would cost the square of its length.
+    sse = b"data: " + b"x" * LONG + b"\n\n"
+    assert searched_while_feeding(SSEFramer(), sse) < 4 * len(sse)
+    ndjson = b'{"a":"' + b"x" * LONG + b'"}\n'
+    assert searched_while_feeding(LineFramer(), ndjson) < 4 * len(ndjson)

@@ -71,6 +71,10 @@ _ENDINGS: dict[ErrorCode, tuple[EndState, str]] = {
     ),
     ErrorCode.SHUTTING_DOWN: (EndState.SHUTDOWN, "the proxy is shutting down"),
 }
+# A truncation inside a block or line says so: for a dialect with no terminal
+# event that is the whole story, for the others it comes before the terminal.
+_TRUNCATED_INSIDE = "the upstream ended the stream inside an unfinished {unit}"
+_BEFORE_TERMINAL = ", before {terminal}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,10 +207,16 @@ class Relay:
         partial = self._framer.pending_bytes > 0
         self._framer.close()  # the partial block or line is dropped, never forwarded
         meter = self.meter
+        dialect = self._dialect
         if meter.upstream_reported_error:
             meter.end(EndState.UPSTREAM_ERROR, now)
-        elif self._terminal_seen or not (self._dialect.expects_terminal or partial):
+        elif self._terminal_seen or not (dialect.expects_terminal or partial):
             meter.end(EndState.COMPLETED, now)
+        elif partial:
+            reason = _TRUNCATED_INSIDE.format(unit="event" if self._framing == "sse" else "line")
+            if dialect.expects_terminal:
+                reason += _BEFORE_TERMINAL.format(terminal=dialect.terminal_event)
+            return self._fail(ErrorCode.STREAM_TRUNCATED, now, reason)
         else:
             return self._fail(ErrorCode.STREAM_TRUNCATED, now)
         return b""

@@ -14,9 +14,12 @@ identically for any chunking of the input. It has two consumers:
 
 The parser works on bytes rather than on decoded text: line terminators are
 ASCII and can never occur inside a multi-byte UTF-8 sequence, so splitting
-lines on bytes and decoding each field value on its own (invalid sequences
+lines on bytes and decoding field values at dispatch (invalid sequences
 become U+FFFD) gives the same result as decoding the whole stream first,
-while keeping the raw bytes of every block at hand.
+while keeping the raw bytes of every block at hand. Until its blank line
+arrives, a block is only those raw bytes and a few offsets into them, so a
+stream holds at most ``max_event_bytes`` plus a constant, whatever its
+lines look like.
 
 Intentional divergences, each for the relay's sake:
 
@@ -29,15 +32,23 @@ Intentional divergences, each for the relay's sake:
   bytes, where a client would strip it and read the first line as a real
   field, although the upstream's own reader ignores it.
 - A CR that ends one chunk and an LF that starts the next are one line
-  ending (as the spec requires); the block is dispatched at the CR, and the
-  LF is carried at the head of the next frame's raw bytes. Both bytes are
-  forwarded, in order.
+  ending (as the spec requires). When that CR ends a block, the block is
+  dispatched at the CR, without waiting for the next read, and the LF
+  becomes a frame of its own (raw ``b"\\n"``, no event) as soon as it
+  arrives: both bytes are forwarded, in order, nothing is held back at a
+  clean end, and no block's frame starts with a stray LF. (Dropping the LF
+  instead would break clients that split lines on LF alone, as
+  google-genai's aiohttp reader does.)
 - Memory is bounded: a block (or line) whose raw size exceeds
   ``max_event_bytes`` raises :class:`EventTooLarge` instead of growing.
+- A ``retry`` value of more digits than Python converts to an integer
+  (4,300 by default, leading zeros aside) is ignored rather than raising.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 
 __all__ = [
@@ -96,6 +107,10 @@ class EventTooLarge(ValueError):
         self.frames = frames
 
 
+#: The LF of a CRLF whose CR ended the previous frame (see the divergences).
+_SPLIT_LF = Frame(b"\n", None)
+
+
 class SSEFramer:
     """Splits an event stream into frames, keeping each block's raw bytes.
 
@@ -103,17 +118,33 @@ class SSEFramer:
     terminating blank line has not arrived are held back. ``close`` ends the
     stream: per the spec, an unterminated final block is discarded, never
     dispatched.
+
+    An incomplete block is held only as its raw bytes, plus a few integers:
+    where its first ``data`` values (up to 16), its last ``event`` value and
+    its last ``id`` value lie in those bytes, and how many ``data`` lines it
+    has. Nothing is decoded per line, so what a stream holds is its raw
+    pending bytes (at most ``max_event_bytes``) plus a constant, whatever
+    the shape of its lines: one decoded string per line cost 6 to 14 times
+    the raw size for floods of short lines. Values are decoded at dispatch;
+    an event with more data lines than are tracked rescans its block once.
     """
 
     __slots__ = (
         "_bom_stripped",
         "_buf",
-        "_data",
-        "_event_type",
+        "_data_end",
+        "_data_lines",
+        "_data_start",
+        "_event_end",
+        "_event_start",
         "_failed",
+        "_id_end",
+        "_id_start",
         "_last_id",
         "_limit",
+        "_more_data",
         "_pos",
+        "_scanned",
         "_skip_lf",
         "_stream_start",
         "retry",
@@ -125,12 +156,25 @@ class SSEFramer:
         # current, incomplete line starts (earlier lines are already parsed).
         self._buf = bytearray()
         self._pos = 0
+        # How far the buffer is known to hold no CR or LF after _pos: a line
+        # that arrives over many reads is searched once, not once per read.
+        self._scanned = 0
         self._skip_lf = False
         self._stream_start = True
         self._bom_stripped = False
         self._failed = False
-        self._data: list[str] = []
-        self._event_type = ""
+        # The current block's fields, as offsets into _buf (-1: none yet).
+        self._data_lines = 0
+        self._data_start = 0
+        self._data_end = 0
+        # Where the values of the next few data lines lie, as start, end,
+        # start, end...: bounded, so memory stays constant; an event with
+        # more data lines than that rescans its block at dispatch instead.
+        self._more_data: list[int] = []
+        self._event_start = -1
+        self._event_end = 0
+        self._id_start = -1
+        self._id_end = 0
         self._last_id: str | None = None
         #: The reconnection time, in milliseconds, last set by a valid
         #: ``retry`` field, or ``None``.
@@ -164,15 +208,23 @@ class SSEFramer:
                 buf[:0] = _BOM
         pos = self._pos
         n = len(buf)
+        frames: list[Frame] = []
+        block_start = 0
         if self._skip_lf and pos < n:
             self._skip_lf = False
             if buf[pos] == _LF:
                 pos += 1
-        frames: list[Frame] = []
+                if pos == 1:
+                    # The CR ended a block, which left at once; its LF is
+                    # all that is held, and it is not the start of the next
+                    # block: forwarded now, it leaves nothing held at a
+                    # clean end.
+                    frames.append(_SPLIT_LF)
+                    block_start = 1
         limit = self._limit
-        block_start = 0
-        lf = buf.find(b"\n", pos)
-        cr = buf.find(b"\r", pos)
+        scan_from = max(pos, self._scanned)
+        lf = buf.find(b"\n", scan_from)
+        cr = buf.find(b"\r", scan_from)
         while True:
             if lf != -1 and lf < pos:
                 lf = buf.find(b"\n", pos)
@@ -197,14 +249,42 @@ class SSEFramer:
                 # A blank line ends the block.
                 if limit is not None and nxt - block_start > limit:
                     self._fail(nxt - block_start, frames)
-                frames.append(Frame(bytes(buf[block_start:nxt]), self._dispatch()))
+                event = self._dispatch(buf, block_start, pos)
+                raw = (
+                    bytes(buf[block_start:nxt])
+                    if nxt - block_start < _VIEW_COPY_BYTES
+                    else _copy(buf, block_start, nxt)
+                )
+                frames.append(Frame(raw, event))
                 block_start = nxt
+            elif buf.startswith(b"data:", pos, eol) and not self._data_lines:
+                # The line nearly every event has, inline: see _field.
+                value_start = pos + 5
+                if value_start < eol and buf[value_start] == _SPACE:
+                    value_start += 1
+                self._data_start = value_start
+                self._data_end = eol
+                self._data_lines = 1
             elif buf[pos] != 0x3A:  # lines starting with ":" are comments
                 self._field(buf, pos, eol)
             pos = nxt
+        self._scanned = n - block_start  # the loop ends when no line ending is left
         if block_start:
             del buf[:block_start]
             pos -= block_start
+            # The offsets into the block left in the buffer move with it.
+            if self._data_lines:
+                self._data_start -= block_start
+                self._data_end -= block_start
+                more = self._more_data
+                for i in range(len(more)):
+                    more[i] -= block_start
+            if self._event_start >= 0:
+                self._event_start -= block_start
+                self._event_end -= block_start
+            if self._id_start >= 0:
+                self._id_start -= block_start
+                self._id_end -= block_start
         self._pos = pos
         if limit is not None and len(buf) > limit:
             self._fail(len(buf), frames)
@@ -214,49 +294,188 @@ class SSEFramer:
         """End of stream. An unterminated final block is dropped, not dispatched."""
         self._buf.clear()
         self._pos = 0
-        self._data.clear()
-        self._event_type = ""
+        self._forget_block()
         return []
 
     def _fail(self, size: int, frames: list[Frame]) -> None:
         self._failed = True
         self._buf.clear()
         self._pos = 0
+        self._forget_block()
         raise EventTooLarge(size, self._limit or 0, frames)
 
+    def _forget_block(self) -> None:
+        self._scanned = 0
+        self._data_lines = 0
+        self._more_data.clear()
+        self._event_start = -1
+        self._id_start = -1
+
     def _field(self, buf: bytearray, start: int, end: int) -> None:
+        # Field names are compared in place (length, then bytes): copying
+        # each name out would cost an allocation per line, and a name can be
+        # as long as the line.
         colon = buf.find(b":", start, end)
         if colon == -1:
-            name = bytes(buf[start:end])
+            size = end - start
             value_start = end
         else:
-            name = bytes(buf[start:colon])
+            size = colon - start
             value_start = colon + 1
             if value_start < end and buf[value_start] == _SPACE:
                 value_start += 1
-        if name == b"data":
-            self._data.append(buf[value_start:end].decode("utf-8", "replace"))
-        elif name == b"event":
-            self._event_type = buf[value_start:end].decode("utf-8", "replace")
-        elif name == b"id":
-            value = buf[value_start:end].decode("utf-8", "replace")
-            if "\x00" not in value:
-                self._last_id = value
-        elif name == b"retry":
-            digits = bytes(buf[value_start:end])
-            if digits and digits.isdigit():  # bytes.isdigit is ASCII-only
-                self.retry = int(digits)
+        if size == 4:
+            if buf.startswith(b"data", start):
+                lines = self._data_lines
+                if not lines:
+                    self._data_start = value_start
+                    self._data_end = end
+                elif lines <= _TRACKED_DATA_LINES:
+                    self._more_data += (value_start, end)
+                self._data_lines = lines + 1
+        elif size == 5:
+            if buf.startswith(b"event", start):
+                self._event_start = value_start
+                self._event_end = end
+            elif buf.startswith(b"retry", start):
+                self._retry(buf, value_start, end)
+        elif (
+            size == 2
+            and buf.startswith(b"id", start)
+            # NUL is ASCII and never the result of decoding, so looking for
+            # it in the bytes is the spec's check on the decoded value.
+            and buf.find(b"\x00", value_start, end) == -1
+        ):
+            self._id_start = value_start
+            self._id_end = end
         # Any other field name is ignored, as the spec requires.
 
-    def _dispatch(self) -> Event | None:
-        data = self._data
-        event_type = self._event_type
-        self._event_type = ""
-        if not data:
+    def _retry(self, buf: bytearray, start: int, end: int) -> None:
+        digits = _RETRY_DIGITS.fullmatch(buf, start, end)
+        if digits is None:
+            return
+        # Python converts at most sys.get_int_max_str_digits() digits (4,300
+        # by default) and raises ValueError beyond: from an upstream's bytes
+        # that would break the stream. Such a value (leading zeros aside)
+        # means nothing as milliseconds and is ignored, keeping the previous
+        # one, as a browser ignores a value that overflows its integer.
+        first, last = digits.span(1)
+        if last - first <= _MAX_RETRY_DIGITS:
+            with contextlib.suppress(ValueError):  # a lower limit set by the application
+                self.retry = int(buf[first:last])
+
+    def _dispatch(self, buf: bytearray, start: int, end: int) -> Event | None:
+        """The event of the block whose field lines are ``buf[start:end]``."""
+        if self._id_start >= 0:
+            self._last_id = _decode(buf, self._id_start, self._id_end)
+            self._id_start = -1
+        event_start = self._event_start
+        self._event_start = -1
+        lines = self._data_lines
+        if not lines:
             return None
-        text = data[0] if len(data) == 1 else "\n".join(data)
-        data.clear()
-        return Event(event_type or "message", text, self._last_id)
+        self._data_lines = 0
+        if lines == 1:
+            start, end = self._data_start, self._data_end
+            data = (
+                buf[start:end].decode("utf-8", "replace")
+                if end - start < _VIEW_COPY_BYTES
+                else _decode(buf, start, end)
+            )
+        elif lines == 2:  # the usual multi-line event: its data had one LF
+            more = self._more_data
+            first = buf[self._data_start : self._data_end]
+            data = b"\n".join((first, buf[more[0] : more[1]])).decode("utf-8", "replace")
+            more.clear()
+        else:
+            more = self._more_data
+            if lines <= _TRACKED_DATA_LINES + 1:
+                data = _joined(buf, [self._data_start, self._data_end, *more])
+            else:
+                data = _rescanned_data(buf, start, end)
+            more.clear()
+        event_type = _decode(buf, event_start, self._event_end) if event_start >= 0 else ""
+        return Event(event_type or "message", data, self._last_id)
+
+
+# How many data lines after the first one a block tracks by offsets.
+_TRACKED_DATA_LINES = 15
+# A retry value: ASCII digits only (bytes patterns match ASCII digits only),
+# with the leading zeros apart so that they do not count toward the limit.
+_RETRY_DIGITS = re.compile(rb"0*([0-9]+)")
+_MAX_RETRY_DIGITS = 4300
+# Slices at least this long are copied through a memoryview, once, instead
+# of through an intermediate bytearray: for a block near max_event_bytes
+# the second copy would be another max_event_bytes at its peak.
+_VIEW_COPY_BYTES = 64 * 1024
+
+
+def _copy(buf: bytearray, start: int, end: int) -> bytes:
+    with memoryview(buf) as view:
+        return bytes(view[start:end])
+
+
+def _decode(buf: bytearray, start: int, end: int) -> str:
+    # Invalid sequences become U+FFFD, as the spec's UTF-8 decode requires.
+    if end - start < _VIEW_COPY_BYTES:
+        return buf[start:end].decode("utf-8", "replace")
+    with memoryview(buf) as view:
+        return str(view[start:end], "utf-8", "replace")
+
+
+def _joined(buf: bytearray, spans: list[int]) -> str:
+    """The values at ``spans`` (start, end, start, end...) joined by LF, decoded once.
+
+    Line endings are ASCII, so decoding the joined bytes gives what decoding
+    each value would; gathering bytes costs one buffer no larger than the
+    block, where a string per line cost several times that.
+    """
+    data = bytearray()
+    for i in range(0, len(spans), 2):
+        if i:
+            data += b"\n"
+        data += buf[spans[i] : spans[i + 1]]
+    return data.decode("utf-8", "replace")
+
+
+def _rescanned_data(buf: bytearray, start: int, end: int) -> str:
+    """As :func:`_joined`, for a block with more data lines than are tracked.
+
+    ``buf[start:end]`` holds the block's field lines, each with its line
+    ending; they are scanned once more, and the values gathered as they are
+    found (a list of their offsets would cost more than the block itself).
+    """
+    data = bytearray()
+    first = True
+    pos = start
+    # As in feed: each kind of line ending is looked for again only once the
+    # one found is behind, so the block is scanned once, not once per line.
+    lf = buf.find(b"\n", pos, end)
+    cr = buf.find(b"\r", pos, end)
+    while pos < end:
+        if lf != -1 and lf < pos:
+            lf = buf.find(b"\n", pos, end)
+        if cr != -1 and cr < pos:
+            cr = buf.find(b"\r", pos, end)
+        if cr != -1 and (lf == -1 or cr < lf):
+            eol = cr
+            nxt = cr + 2 if cr + 1 < end and buf[cr + 1] == _LF else cr + 1
+        else:
+            # Every line in the block is terminated, so an LF is there.
+            eol = lf
+            nxt = lf + 1
+        colon = buf.find(b":", pos, eol)
+        name_end = eol if colon == -1 else colon
+        if name_end - pos == 4 and buf.startswith(b"data", pos):
+            value_start = colon + 1 if colon != -1 else eol
+            if value_start < eol and buf[value_start] == _SPACE:
+                value_start += 1
+            if not first:
+                data += b"\n"
+            data += buf[value_start:eol]
+            first = False
+        pos = nxt
+    return data.decode("utf-8", "replace")
 
 
 class SSEDecoder:
@@ -293,11 +512,14 @@ class LineFramer:
     As with SSE, a final line without its terminator is never dispatched.
     """
 
-    __slots__ = ("_buf", "_failed", "_limit")
+    __slots__ = ("_buf", "_failed", "_limit", "_scanned")
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._limit = max_event_bytes
         self._buf = bytearray()
+        # How much of the held, unfinished line is known to have no LF: a
+        # line that arrives over many reads is searched once, not per read.
+        self._scanned = 0
         self._failed = False
 
     @property
@@ -312,12 +534,17 @@ class LineFramer:
         frames: list[Frame] = []
         limit = self._limit
         start = 0
-        while (lf := buf.find(b"\n", start)) != -1:
+        scan = self._scanned
+        while (lf := buf.find(b"\n", scan)) != -1:
             end = lf + 1
             if limit is not None and end - start > limit:
                 self._fail(end - start, frames)
-            frames.append(_line_frame(bytes(buf[start:end])))
-            start = end
+            if end - start < _VIEW_COPY_BYTES:
+                frames.append(_line_frame(bytes(buf[start:end])))
+            else:
+                frames.append(_large_line_frame(buf, start, end))
+            start = scan = end
+        self._scanned = len(buf) - start
         if start:
             del buf[:start]
         if limit is not None and len(buf) > limit:
@@ -332,11 +559,13 @@ class LineFramer:
         truncated record, and forwarding it would hand the client broken JSON.
         """
         self._buf.clear()
+        self._scanned = 0
         return []
 
     def _fail(self, size: int, frames: list[Frame]) -> None:
         self._failed = True
         self._buf.clear()
+        self._scanned = 0
         raise EventTooLarge(size, self._limit or 0, frames)
 
 
@@ -347,3 +576,24 @@ def _line_frame(raw: bytes) -> Frame:
     if not text.strip():
         return Frame(raw, None)
     return Frame(raw, Event("message", text.decode("utf-8", "replace"), None))
+
+
+# What bytes.strip() strips: a line of nothing else is blank.
+_ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"
+_BLANK = re.compile(b"[" + re.escape(_ASCII_WHITESPACE) + b"]*")
+
+
+def _large_line_frame(buf: bytearray, start: int, end: int) -> Frame:
+    """As :func:`_line_frame`, for the line ``buf[start:end]``, read in place.
+
+    The small-line way copies the line three or four times over (slices,
+    suffixes, the blank check); for a line near ``max_event_bytes`` each
+    copy would be that much memory again.
+    """
+    raw = _copy(buf, start, end)
+    stop = end - 1
+    if buf[stop - 1] == _CR:  # a large line has bytes before its LF
+        stop -= 1
+    if buf[start] in _ASCII_WHITESPACE and _BLANK.fullmatch(buf, start, stop) is not None:
+        return Frame(raw, None)
+    return Frame(raw, Event("message", _decode(buf, start, stop), None))

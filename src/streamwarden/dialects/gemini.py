@@ -4,8 +4,41 @@ Unnamed events whose data is a ``GenerateContentResponse``: text in
 ``candidates[].content.parts[].text``, tool calls as whole ``functionCall``
 parts, cumulative ``usageMetadata.candidatesTokenCount``. The last chunk
 carries a ``finishReason``; there is no separate terminal event, so that
-chunk is the terminal one. Errors use Google's ``{"error": {...}}``
-envelope, with our machine code as its ``code``.
+chunk is the terminal one.
+
+The synthesized error is Google's own error object, as the API streams it
+when it fails mid-answer: ``{"error": {"code": <HTTP status>, "message":
+..., "status": <google.rpc.Code name>, "details": [...]}}``. ``code`` must
+be an integer: google-genai compares it with 400 and 500 to choose between
+``ClientError`` and ``ServerError`` (a string made it raise ``TypeError``
+instead, losing the answer's reason), and it only looks for an error in a
+chunk whose JSON starts with ``{"error":``. Our machine code is in the
+message, ``"... (stream_truncated)"``, and in a ``google.rpc.ErrorInfo``
+detail: ``reason`` in Google's upper-case form (``STREAM_TRUNCATED``, as
+ErrorInfo requires ``[A-Z][A-Z0-9_]+[A-Z0-9]``), ``domain``
+``streamwarden``, and the code itself as ``metadata.code``.
+
+Each code gets a status and the HTTP status Google pairs with it, so a
+client that maps either one gets the same answer:
+
+================== ==== =================== =====================================
+machine code       code status              why
+================== ==== =================== =====================================
+stream_truncated   500  INTERNAL            the upstream broke its own protocol:
+                                            it ended without a finishReason
+upstream_error     503  UNAVAILABLE         the connection broke: transient,
+                                            worth a retry
+upstream_timeout   504  DEADLINE_EXCEEDED   the upstream went silent too long
+duration_exceeded  504  DEADLINE_EXCEEDED   the stream's own deadline ran out
+event_too_large    500  INTERNAL            the upstream sent what the proxy
+                                            refuses; not RESOURCE_EXHAUSTED
+                                            (429), which clients retry with
+                                            backoff for the same refusal, and
+                                            not a 4xx, which blames the request
+shutting_down      503  UNAVAILABLE         the proxy is draining: retry
+                                            elsewhere
+(any other)        500  INTERNAL
+================== ==== =================== =====================================
 """
 
 from __future__ import annotations
@@ -24,7 +57,17 @@ from streamwarden.dialects.base import (
 )
 from streamwarden.sse import Event
 
-_STATUS = {"upstream_timeout": "DEADLINE_EXCEEDED", "shutting_down": "UNAVAILABLE"}
+# The table in the module docstring: machine code -> (HTTP status, google.rpc.Code).
+_STATUS: dict[str, tuple[int, str]] = {
+    "stream_truncated": (500, "INTERNAL"),
+    "upstream_error": (503, "UNAVAILABLE"),
+    "upstream_timeout": (504, "DEADLINE_EXCEEDED"),
+    "duration_exceeded": (504, "DEADLINE_EXCEEDED"),
+    "event_too_large": (500, "INTERNAL"),
+    "shutting_down": (503, "UNAVAILABLE"),
+}
+_OTHER = (500, "INTERNAL")
+ERROR_DOMAIN = "streamwarden"
 
 
 class Gemini(Dialect):
@@ -47,7 +90,14 @@ class Gemini(Dialect):
         return Observation(text=text, output_tokens=tokens, terminal=finished)
 
     def error_event(self, code: str, message: str) -> bytes:
-        error = {"code": code, "message": message, "status": _STATUS.get(code, "INTERNAL")}
+        http_status, status = _STATUS.get(code, _OTHER)
+        info = {
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": code.upper(),
+            "domain": ERROR_DOMAIN,
+            "metadata": {"code": code},
+        }
+        error = {"code": http_status, "message": message, "status": status, "details": [info]}
         return sse_block(dump_json({"error": error}))
 
     @classmethod

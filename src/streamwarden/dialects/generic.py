@@ -16,7 +16,9 @@ class Generic(Dialect):
     __slots__ = ()
 
     name = "generic"
-    terminal_event = "none"
+    # Never named in a message: with no terminal event expected, the only
+    # truncation is an unfinished event, and the relay says that instead.
+    terminal_event = "no terminal event"
 
     def __init__(self) -> None:
         super().__init__()
