@@ -198,15 +198,18 @@ async def sidecar_process(
         process.wait(timeout=5)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 async def test_sigterm_drains_then_exits_zero_within_the_drain_timeout(
-    sidecar_process: tuple[subprocess.Popen[str], int, int], mock: MockServer
+    sidecar_process: tuple[subprocess.Popen[str], int, int], mock: MockServer, signum: int
 ) -> None:
+    """SIGHUP too (a closed terminal, a supervisor's reload): before, it killed the
+    process with every stream cut mid-event, no error event, no chunk terminator."""
     process, port, admin = sidecar_process
     stream = await stream_in_flight(mock, port, "drained")
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     signalled = time.monotonic()
     # 503 from the moment the process handles the signal, all through its drain.
-    await wait_until(not_ready(admin), what="/readyz 503 after SIGTERM")
+    await wait_until(not_ready(admin), what="/readyz 503 after the signal")
     body = await stream
     assert b'"code":"shutting_down"' in body
     async with asyncio.timeout(5):

@@ -56,6 +56,17 @@ TURN_BUDGET = 4 * 1024
 class _Conduit:
     """What both bodies share: output gathered per read, client flow control."""
 
+    __slots__ = (
+        "_channel",
+        "_congested",
+        "_error",
+        "_exchange",
+        "_loop",
+        "_pending",
+        "_waiter",
+        "_write_timeout",
+    )
+
     def __init__(self, channel: ClientChannel, write_timeout: float) -> None:
         self._loop = asyncio.get_running_loop()
         self._channel = channel
@@ -130,6 +141,8 @@ class _Conduit:
 class StreamDriver(_Conduit):
     """Drives one streamed response from upstream bytes to client writes."""
 
+    __slots__ = ("_backlog", "_ending", "_inflater", "_spent", "relay", "stream")
+
     def __init__(
         self,
         channel: ClientChannel,
@@ -141,8 +154,9 @@ class StreamDriver(_Conduit):
         self.stream = stream
         self.relay: Relay = stream.relay
         self._inflater = Inflater(plan.encoding) if plan.decoded else None
-        #: Raw (identity) body bytes waiting for a later turn.
-        self._backlog: deque[bytes] = deque()
+        #: Raw (identity) body bytes waiting for a later turn (made on first
+        #: use: an empty deque is 0.7 KiB, and most streams never need one).
+        self._backlog: deque[bytes] | None = None
         #: Bytes handed to the relay in this read or turn.
         self._spent = 0
         #: The body's end (True) or break, held until the backlog is through.
@@ -157,7 +171,7 @@ class StreamDriver(_Conduit):
                 if not self._congested:
                     self._inflate()
             elif self._backlog or self._congested:
-                self._backlog.append(chunk)
+                self._queue().append(chunk)
             else:
                 self._take(chunk)
         except Exception as exc:
@@ -321,13 +335,18 @@ class StreamDriver(_Conduit):
         if len(chunk) > room:
             # Ahead of anything queued: this chunk came first (it is either
             # new with an empty backlog, or the backlog's head).
-            self._backlog.appendleft(chunk[room:])
+            self._queue().appendleft(chunk[room:])
             chunk = chunk[:room]
         self._spent += len(chunk)
         self._gather(self.relay.feed(chunk, self._loop.time()))
 
+    def _queue(self) -> deque[bytes]:
+        if self._backlog is None:
+            self._backlog = deque()
+        return self._backlog
+
     def _take_backlog(self) -> None:
-        backlog = self._backlog
+        backlog = self._queue()
         while backlog and self._spent < TURN_BUDGET and not self._congested:
             self._take(backlog.popleft())
             if self.relay.done:
@@ -343,7 +362,6 @@ class StreamDriver(_Conduit):
             except InflateError:
                 self._gather(relay.upstream_failed(self._loop.time()))
                 self._ending = False
-                self._backlog.clear()
                 self._discard_inflater()
                 self._wake()
                 return
@@ -383,6 +401,8 @@ class StreamDriver(_Conduit):
 
 class PassThrough(_Conduit):
     """Copies a body that is not a stream to the client, byte for byte, flow-controlled."""
+
+    __slots__ = ("ended",)
 
     def __init__(self, channel: ClientChannel, exchange: Exchange, write_timeout: float) -> None:
         super().__init__(channel, write_timeout)

@@ -119,6 +119,35 @@ def _has_control_bytes(value: bytes) -> bool:
 class UpstreamConnection(asyncio.Protocol):
     """One connection to the upstream, carrying one exchange at a time."""
 
+    # A thousand idle streams hold a thousand of these: no __dict__.
+    __slots__ = (
+        "_drain",
+        "_early",
+        "_early_end",
+        "_head",
+        "_head_error",
+        "_head_only",
+        "_idle_timer",
+        "_keep_alive",
+        "_loop",
+        "_parser",
+        "_pool",
+        "_raw_headers",
+        "_read_to_close",
+        "_reading_paused",
+        "_reason",
+        "_sink",
+        "_state",
+        "_status",
+        "_write_paused",
+        "answered",
+        "exchanges",
+        "lost",
+        "made",
+        "request_sent",
+        "transport",
+    )
+
     def __init__(self, pool: UpstreamPool) -> None:
         self._pool = pool
         self._loop = pool.loop
