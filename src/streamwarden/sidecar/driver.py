@@ -141,7 +141,7 @@ class _Conduit:
 class StreamDriver(_Conduit):
     """Drives one streamed response from upstream bytes to client writes."""
 
-    __slots__ = ("_backlog", "_ending", "_inflater", "_spent", "relay", "stream")
+    __slots__ = ("_backlog", "_ending", "_inflater", "_opening", "_spent", "relay", "stream")
 
     def __init__(
         self,
@@ -161,6 +161,8 @@ class StreamDriver(_Conduit):
         self._spent = 0
         #: The body's end (True) or break, held until the backlog is through.
         self._ending: UpstreamError | bool = False
+        #: With early headers: the request still waiting for its answer.
+        self._opening: asyncio.Future[Exchange] | None = None
 
     # -- from the upstream connection (BodySink) ------------------------------
 
@@ -203,6 +205,8 @@ class StreamDriver(_Conduit):
         relay.client_gone(noticed)
         if self._exchange is not None:
             self._exchange.connection.hang_up()
+        elif self._opening is not None:
+            self._opening.cancel()  # closes the connection still waiting for a head
         relay.meter.cancel_propagation = self._loop.time() - noticed
         self._wake()
 
@@ -229,6 +233,7 @@ class StreamDriver(_Conduit):
         """
         relay = self.relay
         loop = self._loop
+        self._opening = opening
         while not opening.done() and not relay.done:
             try:
                 async with asyncio.timeout_at(relay.deadline) as timer:
@@ -242,6 +247,7 @@ class StreamDriver(_Conduit):
             if self._congested and not await self._wait_for_client():
                 self._too_slow()
                 return
+        self._opening = None
         if relay.done:
             opening.cancel()
             return
