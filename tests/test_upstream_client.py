@@ -791,3 +791,35 @@ async def test_a_flooding_stream_starves_neither_healthz_nor_another_stream() ->
 
 def _percentile(ordered: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def test_sequential_streams_share_one_pooled_connection(
+    start_sidecar: StartSidecar,
+) -> None:
+    """A stream that ended whole hands its connection back, and the next stream takes it."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            for data in (b"data: one\n\n", b"data: [DONE]\n\n"):
+                writer.write(b"%x\r\n%b\r\n" % (len(data), data))
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    async with raw_upstream(handler) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        pool = sidecar.proxy.pool
+        assert pool is not None
+        async with aiohttp.ClientSession() as session:
+            for _ in range(4):
+                async with session.post(
+                    sidecar.proxy_url + "/v1/chat/completions", json={"stream": True}
+                ) as resp:
+                    assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+                await wait_for(lambda: not pool.busy)
+        assert [str(r.meter.end_state) for r in sidecar.tracker.finished] == ["completed"] * 4
+        assert upstream.connections == 1 and pool.idle_count == 1

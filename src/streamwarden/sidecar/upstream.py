@@ -632,7 +632,7 @@ def request_head(method: str, target: str, headers: Iterable[tuple[str, str]]) -
 class Exchange:
     """One request and its response on one upstream connection."""
 
-    __slots__ = ("_sender", "connection", "head")
+    __slots__ = ("_finished", "_sender", "connection", "head")
 
     def __init__(
         self, connection: UpstreamConnection, head: ResponseHead, sender: asyncio.Task[None] | None
@@ -640,12 +640,20 @@ class Exchange:
         self.connection = connection
         self.head = head
         self._sender = sender
+        self._finished = False
 
     def attach(self, sink: BodySink) -> None:
         self.connection.attach(sink)
 
     def finish(self) -> None:
-        """Back to the pool if the exchange ended whole on both sides, else closed."""
+        """Back to the pool if the exchange ended whole on both sides, else closed.
+
+        Once: a second call must not close the connection the first one
+        pooled (and that another exchange may already be using).
+        """
+        if self._finished:
+            return
+        self._finished = True
         sender = self._sender
         if sender is not None and not sender.done():
             sender.cancel()  # the upload was not finished: request_sent stays False
