@@ -202,9 +202,8 @@ def _bound_port(runner: web.AppRunner) -> int:
 
 
 async def run_sidecar(settings: Settings) -> int:
-    """Run until SIGTERM or SIGINT, drain, and return the exit code."""
+    """Run until SIGTERM, SIGINT or SIGHUP, drain, and return the exit code."""
     sidecar = Sidecar(settings)
-    await sidecar.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = 0
@@ -218,12 +217,15 @@ async def run_sidecar(settings: Settings) -> int:
             os._exit(0)
         stop.set()
 
-    # SIGHUP too: a terminal that closes, or a supervisor's reload signal,
-    # must not kill the process with streams cut mid-event. Reloading the
-    # config in place is not done: listeners, pool and limits are fixed at
-    # start, so a restart (drained) is the honest way to apply a new one.
+    # Before the listeners open: a SIGTERM that lands the moment the port
+    # accepts (a fast rollout) must drain, not kill. SIGHUP too: a terminal
+    # that closes, or a supervisor's reload signal, must not kill the
+    # process with streams cut mid-event. Reloading the config in place is
+    # not done: listeners, pool and limits are fixed at start, so a
+    # restart (drained) is the honest way to apply a new one.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
+    await sidecar.start()
     log.info(
         "streamwarden listening on %s (admin %s), upstream %s, event loop %s",
         settings.listen,
