@@ -71,6 +71,9 @@ SIDECAR_ONLY = frozenset(
         "early_headers_after",
         "event_loop",
         "trusted_proxies",
+        # Not in the middleware yet: there the app's generator would have to
+        # run on without its client.
+        "on_client_gone",
     }
 )
 
@@ -165,6 +168,9 @@ def _networks(value: object) -> tuple[str, ...]:
 
 
 Networks = Annotated[tuple[str, ...], BeforeValidator(_networks)]
+#: What happens to the upstream when the client leaves mid-stream. ``detach``
+#: (kept for a resume) comes with the resume store.
+ClientGonePolicy = Literal["cancel", "drain"]
 DialectName = Literal[
     "auto",
     "openai-chat",
@@ -200,6 +206,7 @@ class RouteSettings(BaseModel):
     max_event_bytes: Size | None = None
     dialect: DialectName | None = None
     early_headers_after: Duration | None = None
+    on_client_gone: ClientGonePolicy | None = None
 
 
 class Settings(BaseModel):
@@ -256,6 +263,10 @@ class Settings(BaseModel):
     #: Commit ``200 text/event-stream`` and keep the client alive if the
     #: upstream has not answered a streaming request after this long (0: off).
     early_headers_after: Duration = 0.0
+    #: When the client leaves mid-stream: ``cancel`` closes the upstream at
+    #: once (the inference server aborts); ``drain`` reads it to its end,
+    #: writing nothing, so its final usage is metered (sidecar; per route).
+    on_client_gone: ClientGonePolicy = "cancel"
     #: More media types to treat as event streams.
     stream_media_types: tuple[str, ...] = ()
     #: Peers (CIDRs) whose X-Forwarded-For, Forwarded and X-Real-IP are kept;
@@ -297,6 +308,7 @@ class Settings(BaseModel):
             ),
             client_write_timeout=pick("client_write_timeout"),
             early_headers_after=pick("early_headers_after"),
+            on_client_gone=pick("on_client_gone"),
         )
 
 
@@ -310,6 +322,7 @@ class ResolvedRoute:
     limits: Limits
     client_write_timeout: float
     early_headers_after: float
+    on_client_gone: str = "cancel"
 
 
 _KEYS = tuple(Settings.model_fields)

@@ -45,6 +45,9 @@ class EndState(StrEnum):
     CLIENT_TOO_SLOW = "client_too_slow"
     LIMIT_EXCEEDED = "limit_exceeded"
     SHUTDOWN = "shutdown"
+    #: The client left, and the upstream was read to its end for metering
+    #: (``on_client_gone: drain``).
+    DRAINED = "drained"
 
 
 # The longest event text still counted as a single token.

@@ -98,6 +98,7 @@ class Relay:
         "_client_gone",
         "_dialect",
         "_drain_deadline",
+        "_draining_for_meter",
         "_framer",
         "_framing",
         "_last_upstream",
@@ -142,6 +143,8 @@ class Relay:
         self._terminal_seen = False
         self._client_gone = False
         self._drain_deadline: float | None = None
+        # on_client_gone: drain: the client left, the upstream is read on.
+        self._draining_for_meter = False
 
     # -- state ---------------------------------------------------------------
 
@@ -178,7 +181,7 @@ class Relay:
             times.append(self.meter.started_at + limits.max_stream_duration)
         if limits.upstream_idle_timeout > 0:
             times.append(self._last_upstream + limits.upstream_idle_timeout)
-        if limits.keepalive_interval > 0 and self._framing == "sse":
+        if limits.keepalive_interval > 0 and self._framing == "sse" and not self._client_gone:
             times.append(self._last_write + limits.keepalive_interval)
         if self._drain_deadline is not None:
             times.append(self._drain_deadline)
@@ -210,6 +213,8 @@ class Relay:
         dialect = self._dialect
         if meter.upstream_reported_error:
             meter.end(EndState.UPSTREAM_ERROR, now)
+        elif self._draining_for_meter:
+            meter.end(EndState.DRAINED, now)
         elif self._terminal_seen or not (dialect.expects_terminal or partial):
             meter.end(EndState.COMPLETED, now)
         elif partial:
@@ -238,12 +243,28 @@ class Relay:
             return b""
         return self._fail(code, now, reason)
 
-    def client_gone(self, now: float) -> None:
-        """The client disconnected. Later upstream content counts as zombie tokens."""
+    def client_gone(self, now: float, *, drain: bool = False) -> None:
+        """The client disconnected. Later upstream content counts as zombie tokens.
+
+        With ``drain`` (``on_client_gone: drain``) the stream does not end
+        here: the face keeps reading the upstream, nothing more is written,
+        and a clean end of the upstream is ``drained``, with its final usage
+        metered. Failures and limits still end it as they would.
+        """
         self._client_gone = True
-        if not self.done:
-            state = EndState.COMPLETED if self._terminal_seen else EndState.CLIENT_CANCELLED
-            self.meter.end(state, now)
+        if self.done:
+            return
+        if self._terminal_seen:
+            self.meter.end(EndState.COMPLETED, now)
+        elif drain:
+            self._draining_for_meter = True
+        else:
+            self.meter.end(EndState.CLIENT_CANCELLED, now)
+
+    @property
+    def draining(self) -> bool:
+        """The client left and the upstream is being read to its end (``drain``)."""
+        return self._draining_for_meter and not self.done
 
     def client_too_slow(self, now: float) -> None:
         """The client did not take our writes within ``client_write_timeout``."""
@@ -284,6 +305,7 @@ class Relay:
         if (
             limits.keepalive_interval > 0
             and self._framing == "sse"
+            and not self._client_gone
             and now >= self._last_write + limits.keepalive_interval
         ):
             self._last_write = now

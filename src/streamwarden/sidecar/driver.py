@@ -36,7 +36,7 @@ from collections.abc import Callable
 from streamwarden.inflate import InflateError, Inflater
 from streamwarden.plan import StreamPlan
 from streamwarden.relay import ErrorCode, Relay
-from streamwarden.sidecar.http import ClientChannel
+from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
 from streamwarden.sidecar.streams import ActiveStream
 from streamwarden.sidecar.upstream import (
     Exchange,
@@ -120,6 +120,8 @@ class _Conduit:
                 await self._channel.writable()
         except TimeoutError:
             return False
+        except CLIENT_GONE:
+            pass  # the client left meanwhile: the relay already knows what that means
         self._congested = False
         return True
 
@@ -141,7 +143,16 @@ class _Conduit:
 class StreamDriver(_Conduit):
     """Drives one streamed response from upstream bytes to client writes."""
 
-    __slots__ = ("_backlog", "_ending", "_inflater", "_opening", "_spent", "relay", "stream")
+    __slots__ = (
+        "_backlog",
+        "_drain_on_gone",
+        "_ending",
+        "_inflater",
+        "_opening",
+        "_spent",
+        "relay",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -149,8 +160,12 @@ class StreamDriver(_Conduit):
         stream: ActiveStream,
         plan: StreamPlan,
         write_timeout: float,
+        *,
+        drain_on_gone: bool = False,
     ) -> None:
         super().__init__(channel, write_timeout)
+        #: ``on_client_gone: drain``: a gone client leaves the upstream read on.
+        self._drain_on_gone = drain_on_gone
         self.stream = stream
         self.relay: Relay = stream.relay
         self._inflater = Inflater(plan.encoding) if plan.decoded else None
@@ -202,7 +217,15 @@ class StreamDriver(_Conduit):
         if relay.done:
             return  # ended on its own; the usual cleanup decides the connection
         noticed = self._loop.time()
-        relay.client_gone(noticed)
+        relay.client_gone(noticed, drain=self._drain_on_gone)
+        if relay.draining:
+            # Read on, write nothing: the relay meters the rest as zombie
+            # tokens and ends the stream ``drained`` with the final usage.
+            self._congested = False
+            if not self._has_backlog():
+                self._resume_upstream()
+            self._wake()
+            return
         if self._exchange is not None:
             self._exchange.connection.hang_up()
         elif self._opening is not None:

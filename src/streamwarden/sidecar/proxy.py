@@ -114,6 +114,8 @@ class Proxy:
                 token = f"{url.user}:{url.password or ''}".encode()
                 self._authorization = "Basic " + base64.b64encode(token).decode()
         self.pool: UpstreamPool | None = None
+        #: Streams read on after their client left (on_client_gone: drain).
+        self._draining: set[asyncio.Future[None]] = set()
         self._websockets: WebSocketRelay | None = None
         self._trusted_networks = tuple(ipaddress.ip_network(n) for n in settings.trusted_proxies)
 
@@ -140,6 +142,10 @@ class Proxy:
         )
 
     async def close(self) -> None:
+        for driving in list(self._draining):
+            driving.cancel()
+        if self._draining:
+            await asyncio.wait(self._draining, timeout=1.0)
         if self._websockets is not None:
             await self._websockets.close()
             self._websockets = None
@@ -305,12 +311,9 @@ class Proxy:
         async def drive(driver: StreamDriver) -> None:
             await driver.run(exchange)
 
-        try:
-            await self._run_stream(
-                request, response, stream, plan, route, upstream.status, slot, drive
-            )
-        finally:
-            exchange.finish()  # idempotent: the driver usually did it already
+        await self._run_stream(
+            request, response, stream, plan, route, upstream.status, slot, drive, exchange.finish
+        )
         return response
 
     async def _relay_early(
@@ -346,13 +349,15 @@ class Proxy:
         async def drive(driver: StreamDriver) -> None:
             await driver.run_early(opening, refusal)
 
-        try:
-            await self._run_stream(request, response, stream, plan, route, 200, slot, drive)
-        finally:
+        def settle_opening() -> None:
             if not opening.done():
                 opening.cancel()
             elif not opening.cancelled() and opening.exception() is None:
                 opening.result().finish()
+
+        await self._run_stream(
+            request, response, stream, plan, route, 200, slot, drive, settle_opening
+        )
         return response
 
     async def _run_stream(
@@ -365,18 +370,54 @@ class Proxy:
         status: int,
         slot: Slot,
         drive: Callable[[StreamDriver], Awaitable[None]],
+        release_upstream: Callable[[], None],
     ) -> None:
-        """Track one stream from its head to its record, whatever ends it."""
+        """Track one stream from its head to its record, whatever ends it.
+
+        ``release_upstream`` hands the upstream side back (pooled if whole,
+        else closed) once the stream is over: when this returns, or, for a
+        stream drained after its client left, when the drain ends.
+        """
         loop = asyncio.get_running_loop()
         relay = stream.relay
         self.tracker.open(stream)
         driver: StreamDriver | None = None
+        drain = route.on_client_gone == "drain"
+        in_background = False
+        driving: asyncio.Future[None] | None = None
+
+        def conclude() -> None:
+            if driver is not None:
+                driver.finish()
+            release_upstream()  # once: Exchange.finish acts only the first time
+            if not relay.done:  # an unexpected error in this face
+                relay.client_gone(loop.time())
+            record = finished_record(
+                stream.stream_id, route.route, request.method, request.path, status, relay
+            )
+            self.tracker.close(stream, record)
+
         try:
             await response.prepare(request)
             channel = ClientChannel(request, response)
-            driver = StreamDriver(channel, stream, plan, route.client_write_timeout)
+            driver = StreamDriver(
+                channel, stream, plan, route.client_write_timeout, drain_on_gone=drain
+            )
             channel.on_gone(driver.client_gone)
-            await drive(driver)
+            driving = asyncio.ensure_future(drive(driver))
+            try:
+                # Shielded: with on_client_gone: drain the stream outlives the
+                # handler that aiohttp cancels when the client leaves.
+                await asyncio.shield(driving)
+            except asyncio.CancelledError:
+                if drain and relay.draining and not driving.done():
+                    in_background = True
+                    self._draining.add(driving)
+                    driving.add_done_callback(self._draining.discard)
+                    driving.add_done_callback(lambda _: conclude())
+                else:
+                    driving.cancel()
+                raise
             # The slot goes back before the end reaches the client: it may ask
             # again the moment it has it (an agent loop does).
             slot.release()
@@ -384,24 +425,21 @@ class Proxy:
                 with contextlib.suppress(*CLIENT_GONE):
                     await response.write_eof()
         except asyncio.CancelledError:
-            # The client disconnected (aiohttp cancels the handler); the
-            # driver has usually shut the upstream already, in the callback
-            # that read the client's FIN.
-            if driver is not None:
-                driver.client_gone()
-            relay.client_gone(loop.time())
+            if not in_background:
+                # The client disconnected (aiohttp cancels the handler); the
+                # driver has usually shut the upstream already, in the
+                # callback that read the client's FIN.
+                if driver is not None:
+                    driver.client_gone()
+                relay.client_gone(loop.time())
             raise
         except CLIENT_GONE:
             relay.client_gone(loop.time())
+            if driving is not None:
+                driving.cancel()
         finally:
-            if driver is not None:
-                driver.finish()
-            if not relay.done:  # an unexpected error in this face
-                relay.client_gone(loop.time())
-            record = finished_record(
-                stream.stream_id, route.route, request.method, request.path, status, relay
-            )
-            self.tracker.close(stream, record)
+            if not in_background:
+                conclude()
 
     async def _pass_through(
         self, request: web.Request, exchange: Exchange, route: ResolvedRoute
