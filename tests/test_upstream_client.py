@@ -532,6 +532,41 @@ def bombs() -> dict[tuple[str, str], bytes]:
     }
 
 
+def sidecar_process(upstream: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``streamwarden run`` in a process of its own (its RSS and loop are its alone)."""
+    port, admin = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "streamwarden.cli", "run", "--upstream", upstream,
+            "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
+        ],
+        env={**os.environ, **env},
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return process, port, admin
+
+
+async def wait_healthy(session: aiohttp.ClientSession, admin: int) -> None:
+    async with asyncio.timeout(20):
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"http://127.0.0.1:{admin}/healthz") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.05)  # polling: the process is still starting
+
+
+async def healthz_prober(admin: int) -> asyncio.subprocess.Process:
+    """A process timing GET /healthz in a loop (one line each) until its stdin closes."""
+    prober = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HEALTHZ_PROBE, f"http://127.0.0.1:{admin}/healthz",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert prober.stdout is not None
+    assert await prober.stdout.readline() == b"ready\n"
+    return prober
+
+
 def _rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -570,26 +605,16 @@ async def test_a_decompression_bomb_keeps_memory_bounded_and_healthz_answering(
 
     limit = 4 * 1024 * 1024
     async with raw_upstream(handler) as upstream:
-        port, admin = _free_port(), _free_port()
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "streamwarden.cli", "run",
-                "--upstream", upstream.url,
-                "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
-            ],
-            env={**os.environ, "STREAMWARDEN_MAX_EVENT_BYTES": str(limit),
-                 "STREAMWARDEN_CLIENT_WRITE_TIMEOUT": "60s"},
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        process, port, admin = sidecar_process(
+            upstream.url,
+            {
+                "STREAMWARDEN_MAX_EVENT_BYTES": str(limit),
+                "STREAMWARDEN_CLIENT_WRITE_TIMEOUT": "60s",
+            },
+        )
         try:
             async with aiohttp.ClientSession() as session:
-                async with asyncio.timeout(20):
-                    while True:
-                        with contextlib.suppress(aiohttp.ClientError):
-                            async with session.get(f"http://127.0.0.1:{admin}/healthz") as r:
-                                if r.status == 200:
-                                    break
-                        await asyncio.sleep(0.05)
+                await wait_healthy(session, admin)
                 # Warm both paths so lazily built objects are in the baseline.
                 async with session.get(f"http://127.0.0.1:{admin}/metrics") as r:
                     await r.read()
@@ -606,12 +631,8 @@ async def test_a_decompression_bomb_keeps_memory_bounded_and_healthz_answering(
                 # /healthz is timed from a process of its own: this one is
                 # busy reading the flood, and its own loop's delays are not
                 # the sidecar's.
-                prober = await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", _HEALTHZ_PROBE, f"http://127.0.0.1:{admin}/healthz",
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                )  # fmt: skip
-                assert prober.stdout is not None and prober.stdin is not None
-                assert await prober.stdout.readline() == b"ready\n"
+                prober = await healthz_prober(admin)
+                assert prober.stdin is not None
                 try:
                     async with session.post(
                         f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -722,37 +743,21 @@ async def test_a_flooding_stream_starves_neither_healthz_nor_another_stream() ->
     sidecar's event loop. Ticks carry the upstream's clock; their delay is
     arrival minus that.
     """
-    upstream_port, port, admin = _free_port(), _free_port(), _free_port()
+    upstream_port = _free_port()
     upstream = await asyncio.create_subprocess_exec(
         sys.executable, str(FLOOD_UPSTREAM), str(upstream_port), stdout=subprocess.PIPE
     )
     assert upstream.stdout is not None
     assert await upstream.stdout.readline() == b"ready\n"
-    sidecar = subprocess.Popen(
-        [
-            sys.executable, "-m", "streamwarden.cli", "run",
-            "--upstream", f"http://127.0.0.1:{upstream_port}",
-            "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
-        ],
-        env={**os.environ, "STREAMWARDEN_DIALECT": "generic"},
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    sidecar, port, admin = sidecar_process(
+        f"http://127.0.0.1:{upstream_port}", {"STREAMWARDEN_DIALECT": "generic"}
+    )
     prober: asyncio.subprocess.Process | None = None
     try:
         async with aiohttp.ClientSession() as session:
-            async with asyncio.timeout(20):
-                while True:
-                    with contextlib.suppress(aiohttp.ClientError):
-                        async with session.get(f"http://127.0.0.1:{admin}/healthz") as r:
-                            if r.status == 200:
-                                break
-                    await asyncio.sleep(0.05)
-            prober = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", _HEALTHZ_PROBE, f"http://127.0.0.1:{admin}/healthz",
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            )  # fmt: skip
-            assert prober.stdout is not None and prober.stdin is not None
-            assert await prober.stdout.readline() == b"ready\n"
+            await wait_healthy(session, admin)
+            prober = await healthz_prober(admin)
+            assert prober.stdin is not None
             flood = await asyncio.create_subprocess_exec(
                 "curl", "-sSN", "--max-time", "60", "-o", "/dev/null", "-w", "%{size_download}",
                 "-H", "Accept: text/event-stream", f"http://127.0.0.1:{port}/flood",
