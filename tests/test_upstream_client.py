@@ -456,6 +456,12 @@ async def test_a_client_that_never_reads_a_huge_json_response_is_cut_and_the_ups
             pool = sidecar.proxy.pool
             assert pool is not None
             await wait_for(lambda: not pool.busy and pool.idle_count == 0)
+            # And the client's connection is cut (reset), not left open.
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(10):
+                with contextlib.suppress(ConnectionResetError):
+                    while await loop.sock_recv(through, 1 << 20):
+                        pass
         finally:
             through.close()
     finally:

@@ -48,15 +48,6 @@ class Inflater:
         """Whether fed input remains that ``take`` has not consumed."""
         return bool(self._input)
 
-    @property
-    def pending_input_bytes(self) -> int:
-        return sum(len(part) for part in self._input)
-
-    @property
-    def finished(self) -> bool:
-        """The compressed stream's end marker was seen (later bytes are ignored)."""
-        return self._finished
-
     def feed(self, data: bytes) -> None:
         if data and not self._finished:
             self._input.append(data)

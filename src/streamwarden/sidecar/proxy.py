@@ -477,15 +477,16 @@ class Proxy:
         )
         remote = request.remote or ""
         forwarded_for = request.headers.get("X-Forwarded-For")
-        if forwarded_for and self._trusted(remote):
+        trusted = self._trusted(remote)
+        if forwarded_for and trusted:
             headers["X-Forwarded-For"] = f"{forwarded_for}, {remote}"
         else:
+            headers["X-Forwarded-For"] = remote
+        if not trusted:
             # Only a trusted hop may say who the client is: from anyone else
             # these would let a client lie to an upstream that believes them.
-            headers["X-Forwarded-For"] = remote
-            if not self._trusted(remote):
-                headers.popall("Forwarded", None)
-                headers["X-Real-IP"] = remote
+            headers.popall("Forwarded", None)
+            headers["X-Real-IP"] = remote
         headers["X-Forwarded-Proto"] = request.scheme
         headers["X-Forwarded-Host"] = request.host
         if self._authorization is not None:

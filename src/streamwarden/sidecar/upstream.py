@@ -288,7 +288,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self._sink is None:
             # The sink comes on the next loop turn: hold what the rest of this
             # read brings, and read no more until then.
-            self._pause_reading()
+            self.pause_reading()
         if self._head_only:
             # llhttp cannot be told that this answers a HEAD and waits for the
             # body the headers describe: the exchange ends here, and any byte
@@ -366,7 +366,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def pause_reading(self) -> None:
         """Stop reading the upstream (its sender blocks once the socket buffers fill)."""
-        self._pause_reading()
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self._reading_paused and self.transport is not None and self._state != _CLOSED:
@@ -436,11 +438,6 @@ class UpstreamConnection(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.abort()
-
-    def _pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            self.transport.pause_reading()
 
     def _finish_body(self) -> None:
         if self._state == _BODY:
