@@ -74,6 +74,12 @@ SIDECAR_ONLY = frozenset(
         # Not in the middleware yet: there the app's generator would have to
         # run on without its client.
         "on_client_gone",
+        "resume_window",
+        "resume_store",
+        "resume_ttl",
+        "resume_max_bytes",
+        "resume_max_total_bytes",
+        "resume_owner_headers",
     }
 )
 
@@ -168,9 +174,19 @@ def _networks(value: object) -> tuple[str, ...]:
 
 
 Networks = Annotated[tuple[str, ...], BeforeValidator(_networks)]
-#: What happens to the upstream when the client leaves mid-stream. ``detach``
-#: (kept for a resume) comes with the resume store.
-ClientGonePolicy = Literal["cancel", "drain"]
+#: What happens to the upstream when the client leaves mid-stream.
+ClientGonePolicy = Literal["cancel", "detach", "drain"]
+
+
+def _resume_store(value: object) -> str:
+    if isinstance(value, str) and (
+        value == "memory" or re.match(r"^rediss?://[^/?#\s]+(/\d+)?$", value)
+    ):
+        return value
+    raise ValueError("resume_store")
+
+
+ResumeStore = Annotated[str, BeforeValidator(_resume_store)]
 DialectName = Literal[
     "auto",
     "openai-chat",
@@ -191,6 +207,7 @@ _EXPECTED = {
     "upstream": "is not an upstream URL (http://host:port, https://host:port or unix:/path.sock)",
     "readable_file": "is not a readable file",
     "networks": "is not a list of networks (e.g. 10.0.0.0/8, 127.0.0.1)",
+    "resume_store": "is not a resume store (memory or redis://host:port/db)",
 }
 
 
@@ -207,6 +224,7 @@ class RouteSettings(BaseModel):
     dialect: DialectName | None = None
     early_headers_after: Duration | None = None
     on_client_gone: ClientGonePolicy | None = None
+    resume_window: Duration | None = None
 
 
 class Settings(BaseModel):
@@ -267,6 +285,21 @@ class Settings(BaseModel):
     #: once (the inference server aborts); ``drain`` reads it to its end,
     #: writing nothing, so its final usage is metered (sidecar; per route).
     on_client_gone: ClientGonePolicy = "cancel"
+    #: ``detach``: how long a stream runs on after its client left, waiting
+    #: for a resume, before the upstream is closed (``detached_expired``).
+    resume_window: Duration = 30.0
+    #: Where resumable streams are kept: ``memory`` (this process) or
+    #: ``redis://host:port/db`` (shared by every replica).
+    resume_store: ResumeStore = "memory"
+    #: How long a resumable stream is kept after it ended.
+    resume_ttl: Duration = 600.0
+    #: Most bytes kept per resumable stream (its oldest events go first).
+    resume_max_bytes: Size = 4 * 1024 * 1024
+    #: Most bytes the memory store keeps for all streams.
+    resume_max_total_bytes: Size = 256 * 1024 * 1024
+    #: More request headers, besides the built-in credential ones, whose
+    #: values make the owner of a resumable stream.
+    resume_owner_headers: tuple[str, ...] = ()
     #: More media types to treat as event streams.
     stream_media_types: tuple[str, ...] = ()
     #: Peers (CIDRs) whose X-Forwarded-For, Forwarded and X-Real-IP are kept;
@@ -309,6 +342,7 @@ class Settings(BaseModel):
             client_write_timeout=pick("client_write_timeout"),
             early_headers_after=pick("early_headers_after"),
             on_client_gone=pick("on_client_gone"),
+            resume_window=pick("resume_window"),
         )
 
 
@@ -323,6 +357,12 @@ class ResolvedRoute:
     client_write_timeout: float
     early_headers_after: float
     on_client_gone: str = "cancel"
+    resume_window: float = 30.0
+
+    @property
+    def resumable(self) -> bool:
+        """Streams on this route get event ids and are kept for a resume."""
+        return self.on_client_gone == "detach"
 
 
 _KEYS = tuple(Settings.model_fields)
@@ -403,7 +443,7 @@ def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             guess = difflib.get_close_matches(key, _KEYS, n=1)
             hint = f' (did you mean "{ENV_PREFIX}{guess[0].upper()}"?)' if guess else ""
             raise ConfigError(f'environment: unknown variable "{name}"{hint}')
-        if key in ("routes", "stream_media_types", "redact_headers"):
+        if key in ("routes", "stream_media_types", "redact_headers", "resume_owner_headers"):
             try:
                 found[key] = yaml.safe_load(value)
             except yaml.YAMLError:

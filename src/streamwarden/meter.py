@@ -48,6 +48,9 @@ class EndState(StrEnum):
     #: The client left, and the upstream was read to its end for metering
     #: (``on_client_gone: drain``).
     DRAINED = "drained"
+    #: The client left a resumable stream and nobody resumed it within
+    #: ``resume_window`` (``on_client_gone: detach``).
+    DETACHED_EXPIRED = "detached_expired"
 
 
 # The longest event text still counted as a single token.
@@ -71,6 +74,7 @@ class StreamMeter:
         "_estimate_zombie",
         "_gap_observer",
         "_last_content_at",
+        "_resumed",
         "bytes_in",
         "bytes_out",
         "cancel_propagation",
@@ -115,6 +119,7 @@ class StreamMeter:
         self.usage_final = False
         self._estimate_in = 0
         self._estimate_zombie = 0
+        self._resumed = False
         self.end_state: EndState | None = None
         #: The code of the synthesized error event, if one was written.
         self.error_code: str | None = None
@@ -130,7 +135,8 @@ class StreamMeter:
         self.content_events_in += 1
         self._estimate_in += tokens
         if not delivered:
-            self._estimate_zombie += tokens
+            if not self._resumed:
+                self._estimate_zombie += tokens
             return
         self.content_events_out += 1
         last = self._last_content_at
@@ -145,6 +151,11 @@ class StreamMeter:
             if self._gap_observer is not None:
                 self._gap_observer(gap)
         self._last_content_at = now
+
+    def resumed(self) -> None:
+        """A client resumed: what arrived after the client left (and arrives) reached it."""
+        self._estimate_zombie = 0
+        self._resumed = True
 
     def end(self, state: EndState, now: float, error_code: str | None = None) -> None:
         """Record the end state. Only the first call counts."""

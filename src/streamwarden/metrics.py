@@ -128,6 +128,38 @@ class StreamMetrics:
             "streamwarden_active_websockets", "WebSocket sessions in flight.", registry=r
         )
 
+        self.resumes = Counter(
+            "streamwarden_resumes",
+            "Resume requests (Last-Event-ID), by result: ok, expired, gap, denied, unavailable.",
+            ["result"],
+            registry=r,
+        )
+        self.replayed = Counter(
+            "streamwarden_resume_events_replayed",
+            "Events written to resumed clients from the resume store.",
+            registry=r,
+        )
+        self.detached = Gauge(
+            "streamwarden_detached_streams",
+            "Streams running on after their client left, kept for a resume.",
+            registry=r,
+        )
+        self.store_bytes = Gauge(
+            "streamwarden_resume_store_bytes",
+            "Bytes of events held by this process's resume store (memory store).",
+            registry=r,
+        )
+        self.store_queue = Gauge(
+            "streamwarden_resume_store_queue",
+            "Writes waiting for the Redis resume store.",
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "streamwarden_resume_store_errors",
+            "Failed or dropped writes and reads of the Redis resume store.",
+            registry=r,
+        )
+
     def websocket_session(self, end: str | None) -> None:
         """A WebSocket session started (``None``) or ended, and how."""
         if end is None:

@@ -51,6 +51,7 @@ class RefusalKind(Enum):
     UPSTREAM_UNREACHABLE = Refusal(502, "upstream_unreachable", "the upstream could not be reached")
     UPSTREAM_TIMEOUT = Refusal(504, "upstream_timeout", "the upstream did not answer in time")
     WEBSOCKET_REFUSED = Refusal(502, "upstream_refused", "websocket handshake refused")
+    UNKNOWN_STREAM = Refusal(404, "unknown_stream", "no such stream is running here")
 
     @property
     def refusal(self) -> Refusal:

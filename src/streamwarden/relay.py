@@ -30,6 +30,7 @@ from enum import StrEnum
 from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stream_framing
 from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.refusals import refusal_body
+from streamwarden.resume import Journal, strip_ids
 from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
@@ -48,6 +49,10 @@ class ErrorCode(StrEnum):
     DURATION_EXCEEDED = "duration_exceeded"
     EVENT_TOO_LARGE = "event_too_large"
     SHUTTING_DOWN = "shutting_down"
+    # Answers to a resume (no stream is relayed: see streamwarden.resume).
+    RESUME_EXPIRED = "resume_expired"
+    RESUME_GAP = "resume_gap"
+    RESUME_UNAVAILABLE = "resume_unavailable"
 
 
 # What each code means for the stream's end state, and what the client is told.
@@ -96,6 +101,7 @@ class Relay:
 
     __slots__ = (
         "_client_gone",
+        "_detach_deadline",
         "_dialect",
         "_drain_deadline",
         "_draining_for_meter",
@@ -106,6 +112,7 @@ class Relay:
         "_limits",
         "_provisional",
         "_terminal_seen",
+        "journal",
         "meter",
     )
 
@@ -121,8 +128,11 @@ class Relay:
         dialect: str = "auto",
         gap_observer: GapObserver | None = None,
         framing: Framing | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self._limits = limits
+        #: On a resumable route: numbers and stores every event (ids stamped).
+        self.journal = journal
         # The faces pass the framing their stream plan decided (it knows the
         # configured extra media types); on its own the relay works it out.
         self._framing: Framing = framing or stream_framing(content_type, headers) or "sse"
@@ -145,6 +155,9 @@ class Relay:
         self._drain_deadline: float | None = None
         # on_client_gone: drain: the client left, the upstream is read on.
         self._draining_for_meter = False
+        # on_client_gone: detach: the client left, the stream runs on into
+        # its journal until this time unless someone resumes it.
+        self._detach_deadline: float | None = None
 
     # -- state ---------------------------------------------------------------
 
@@ -185,6 +198,8 @@ class Relay:
             times.append(self._last_write + limits.keepalive_interval)
         if self._drain_deadline is not None:
             times.append(self._drain_deadline)
+        if self._detach_deadline is not None:
+            times.append(self._detach_deadline)
         return min(times) if times else None
 
     # -- inputs --------------------------------------------------------------
@@ -243,19 +258,30 @@ class Relay:
             return b""
         return self._fail(code, now, reason)
 
-    def client_gone(self, now: float, *, drain: bool = False) -> None:
+    def client_gone(
+        self, now: float, *, drain: bool = False, detach_until: float | None = None
+    ) -> None:
         """The client disconnected. Later upstream content counts as zombie tokens.
 
         With ``drain`` (``on_client_gone: drain``) the stream does not end
         here: the face keeps reading the upstream, nothing more is written,
         and a clean end of the upstream is ``drained``, with its final usage
         metered. Failures and limits still end it as they would.
+
+        With ``detach_until`` (``on_client_gone: detach``, on a stream with
+        a journal) the stream runs on into its journal, for a client that
+        resumes, and ends as it would have with its client there; if it is
+        still running at ``detach_until`` and nobody resumed it
+        (:meth:`keep_detached`), it ends ``detached_expired``.
         """
         self._client_gone = True
         if self.done:
             return
         if self._terminal_seen:
             self.meter.end(EndState.COMPLETED, now)
+        elif detach_until is not None and self.journal is not None:
+            if self._detach_deadline is None:
+                self._detach_deadline = detach_until
         elif drain:
             self._draining_for_meter = True
         else:
@@ -263,8 +289,32 @@ class Relay:
 
     @property
     def draining(self) -> bool:
-        """The client left and the upstream is being read to its end (``drain``)."""
-        return self._draining_for_meter and not self.done
+        """The client left and the upstream is read on (``drain`` or ``detach``)."""
+        return (self._draining_for_meter or self._detach_deadline is not None) and not self.done
+
+    @property
+    def detached(self) -> bool:
+        """The client left and the stream runs on for a resume (``detach``)."""
+        return self._detach_deadline is not None and not self.done
+
+    def keep_detached(self, until: float) -> None:
+        """Someone resumed (or holds a lease on) this stream: run on until ``until`` at least."""
+        if self._detach_deadline is not None and until > self._detach_deadline:
+            self._detach_deadline = until
+
+    def detach_due(self, now: float) -> bool:
+        """A detached stream's window ran out: ask for a resume's hold before ``poll``."""
+        return self._detach_deadline is not None and not self.done and now >= self._detach_deadline
+
+    def stop(self, now: float) -> None:
+        """An explicit stop (``DELETE``) by the stream's owner: end it now."""
+        if not self.done:
+            self._client_gone = True
+            self.meter.end(EndState.CLIENT_CANCELLED, now)
+
+    def resumed(self) -> None:
+        """A resumed client received what this stream's own client missed: no zombies."""
+        self.meter.resumed()
 
     def client_too_slow(self, now: float) -> None:
         """The client did not take our writes within ``client_write_timeout``."""
@@ -293,6 +343,9 @@ class Relay:
             return b""
         if self._drain_deadline is not None and now >= self._drain_deadline:
             return self._end_or_fail(ErrorCode.SHUTTING_DOWN, now)
+        if self._detach_deadline is not None and now >= self._detach_deadline:
+            self.meter.end(EndState.DETACHED_EXPIRED, now)
+            return b""
         limits = self._limits
         if limits.max_stream_duration > 0 and (
             now >= self.meter.started_at + limits.max_stream_duration
@@ -344,9 +397,17 @@ class Relay:
             if seen.error:
                 meter.upstream_reported_error = True
         meter.events_in += events
-        if not delivered:
+        journal = self.journal
+        if journal is not None and not self.done:
+            out = b"".join(
+                strip_ids(f.raw) if f.event is None else journal.record(f.raw) for f in frames
+            )
+            if not delivered:
+                return b""
+        elif not delivered:
             return b""
-        out = frames[0].raw if len(frames) == 1 else b"".join(f.raw for f in frames)
+        else:
+            out = frames[0].raw if len(frames) == 1 else b"".join(f.raw for f in frames)
         meter.events_out += events
         meter.bytes_out += len(out)
         self._last_write = now
@@ -372,8 +433,11 @@ class Relay:
             event_bytes=limits.max_event_bytes,
         )
         self.meter.end(state, now, code)
+        error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
+        if self.journal is not None and self._framing == "sse":
+            # A resumed client must end the way this stream ended.
+            error = self.journal.record(error)
         if self._client_gone:
             return b""
-        error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
         self.meter.bytes_out += len(error)
         return error

@@ -37,6 +37,12 @@ event_too_large    500  INTERNAL            the upstream sent what the proxy
                                             not a 4xx, which blames the request
 shutting_down      503  UNAVAILABLE         the proxy is draining: retry
                                             elsewhere
+resume_expired     404  NOT_FOUND           a resume named a stream that is
+                                            unknown, expired, or not the
+                                            caller's
+resume_gap         500  DATA_LOSS           the events after a resume's
+                                            position were evicted
+resume_unavailable 503  UNAVAILABLE         the resume store is down: retry
 (any other)        500  INTERNAL
 ================== ==== =================== =====================================
 """
@@ -65,6 +71,9 @@ _STATUS: dict[str, tuple[int, str]] = {
     "duration_exceeded": (504, "DEADLINE_EXCEEDED"),
     "event_too_large": (500, "INTERNAL"),
     "shutting_down": (503, "UNAVAILABLE"),
+    "resume_expired": (404, "NOT_FOUND"),
+    "resume_gap": (500, "DATA_LOSS"),
+    "resume_unavailable": (503, "UNAVAILABLE"),
 }
 _OTHER = (500, "INTERNAL")
 ERROR_DOMAIN = "streamwarden"

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from streamwarden.inflate import InflateError, Inflater
 from streamwarden.plan import StreamPlan
@@ -145,8 +145,10 @@ class StreamDriver(_Conduit):
 
     __slots__ = (
         "_backlog",
+        "_detach_window",
         "_drain_on_gone",
         "_ending",
+        "_holds",
         "_inflater",
         "_opening",
         "_spent",
@@ -162,10 +164,16 @@ class StreamDriver(_Conduit):
         write_timeout: float,
         *,
         drain_on_gone: bool = False,
+        detach_window: float | None = None,
+        holds: Callable[[], Awaitable[float | None]] | None = None,
     ) -> None:
         super().__init__(channel, write_timeout)
         #: ``on_client_gone: drain``: a gone client leaves the upstream read on.
         self._drain_on_gone = drain_on_gone
+        #: ``on_client_gone: detach`` (a stream with a journal): how long it
+        #: runs on for a resume, and how to ask whether a resume holds it.
+        self._detach_window = detach_window
+        self._holds = holds
         self.stream = stream
         self.relay: Relay = stream.relay
         self._inflater = Inflater(plan.encoding) if plan.decoded else None
@@ -217,7 +225,12 @@ class StreamDriver(_Conduit):
         if relay.done:
             return  # ended on its own; the usual cleanup decides the connection
         noticed = self._loop.time()
-        relay.client_gone(noticed, drain=self._drain_on_gone)
+        window = self._detach_window
+        relay.client_gone(
+            noticed,
+            drain=self._drain_on_gone,
+            detach_until=None if window is None else noticed + window,
+        )
         if relay.draining:
             # Read on, write nothing: the relay meters the rest as zombie
             # tokens and ends the stream ``drained`` with the final usage.
@@ -335,6 +348,8 @@ class StreamDriver(_Conduit):
                     self.stream.timer = timer
                     await self._sleep()
             except TimeoutError:
+                if self._holds is not None and relay.detach_due(loop.time()):
+                    await self._ask_holds()
                 self._gather(relay.poll(loop.time()))
                 self.flush()
             finally:
@@ -342,6 +357,26 @@ class StreamDriver(_Conduit):
         self.flush()
         if self._error is not None:
             raise self._error
+
+    async def _ask_holds(self) -> None:
+        """At the end of a detached stream's window: does a resumed client hold it?"""
+        assert self._holds is not None
+        left = await self._holds()
+        if left is not None:
+            self.relay.keep_detached(self._loop.time() + left)
+            self.relay.resumed()
+
+    def stop(self) -> None:
+        """An explicit stop by the stream's owner: end the stream, close the upstream."""
+        relay = self.relay
+        if relay.done:
+            return
+        relay.stop(self._loop.time())
+        if self._exchange is not None:
+            self._exchange.connection.hang_up()
+        elif self._opening is not None:
+            self._opening.cancel()
+        self._wake()
 
     def finish(self) -> None:
         """After the stream: the connection back to the pool if whole, else closed."""

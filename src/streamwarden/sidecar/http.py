@@ -39,7 +39,9 @@ from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner", "RateLimitedWarnings"]
+from streamwarden.refusals import RefusalKind
+
+__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner", "RateLimitedWarnings", "refuse"]
 
 #: How a write to a client that has gone surfaces.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
@@ -319,3 +321,14 @@ def _check_aiohttp() -> None:
 
 
 _check_aiohttp()
+
+
+def refuse(kind: RefusalKind, **values: object) -> web.Response:
+    """The response of a refusal the sidecar answers itself (the table is in refusals)."""
+    refusal = kind.refusal
+    response = web.Response(
+        body=refusal.body(**values), status=refusal.status, content_type="application/json"
+    )
+    for name, value in refusal.headers:
+        response.headers[name] = value
+    return response

@@ -34,12 +34,15 @@ from yarl import URL
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.headers import drop_hop_by_hop, redact, redact_url, stream_response_headers
 from streamwarden.meter import GapObserver
+from streamwarden.metrics import StreamMetrics
 from streamwarden.plan import StreamPlan, asks_for_stream, plan_response
 from streamwarden.refusals import RefusalKind
 from streamwarden.register import NO_SLOT, Slot, finished_record
 from streamwarden.relay import Relay
+from streamwarden.resume import STREAM_ID_HEADER
 from streamwarden.sidecar.driver import PassThrough, StreamDriver
-from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
+from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel, refuse
+from streamwarden.sidecar.resume import ResumeService
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 from streamwarden.sidecar.upstream import (
     BodyTooLarge,
@@ -67,17 +70,6 @@ _REBUILT = frozenset({"host", "expect", "content-length", "transfer-encoding"})
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
-def refuse(kind: RefusalKind, **values: object) -> web.Response:
-    """The response of a refusal the proxy answers itself."""
-    refusal = kind.refusal
-    response = web.Response(
-        body=refusal.body(**values), status=refusal.status, content_type="application/json"
-    )
-    for name, value in refusal.headers:
-        response.headers[name] = value
-    return response
-
-
 class Proxy:
     """The reverse proxy; one per process, sharing one upstream connection pool."""
 
@@ -87,6 +79,7 @@ class Proxy:
         tracker: StreamTracker,
         gap_observer: GapObserver | None = None,
         websocket_listener: SessionListener | None = None,
+        metrics: StreamMetrics | None = None,
     ) -> None:
         if settings.upstream is None:
             raise ValueError("an upstream is required")
@@ -118,6 +111,13 @@ class Proxy:
         self._draining: set[asyncio.Future[None]] = set()
         self._websockets: WebSocketRelay | None = None
         self._trusted_networks = tuple(ipaddress.ip_network(n) for n in settings.trusted_proxies)
+        self._metrics = metrics
+        #: Resumes and stops, when some route keeps its streams for a resume.
+        self.resume: ResumeService | None = None
+        if settings.on_client_gone == "detach" or any(
+            r.on_client_gone == "detach" for r in settings.routes.values()
+        ):
+            self.resume = ResumeService(settings, metrics)
 
     async def start(self) -> None:
         settings = self.settings
@@ -140,6 +140,8 @@ class Proxy:
         self._websockets = WebSocketRelay(
             connector, settings.keepalive_interval, self._websocket_listener
         )
+        if self.resume is not None:
+            await self.resume.start()
 
     async def close(self) -> None:
         for driving in list(self._draining):
@@ -152,6 +154,8 @@ class Proxy:
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
+        if self.resume is not None:
+            await self.resume.close()
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -184,6 +188,22 @@ class Proxy:
             return await self._websockets.relay(request, url, self._forwarded_headers(request))
         route = settings.for_path(request.path)
         stream_limit = settings.max_concurrent_streams
+        if route.resumable and self.resume is not None:
+            # A resume is served from the store and never reaches the
+            # upstream: forwarding it would start a second generation.
+            asked = self.resume.position(request)
+            if request.method == "DELETE" and (
+                asked is not None or STREAM_ID_HEADER in request.headers
+            ):
+                return await self.resume.stop(request, asked)
+            if asked is not None:
+                held = self.tracker.admit(stream_limit)
+                if held is None:
+                    return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
+                try:
+                    return await self.resume.serve(request, route, asked)
+                finally:
+                    held.release()
         body_start = b""
         if request.body_exists:
             # Enough of the body to see '"stream": true'; it is sent on unchanged.
@@ -289,6 +309,8 @@ class Proxy:
             gap_observer=self._gap_observer,
             framing=plan.framing,
         )
+        if route.resumable and plan.framing == "sse" and self.resume is not None:
+            relay.journal = self.resume.journal(request, relay.dialect)
         return ActiveStream(self.tracker.next_id(), relay, route.route)
 
     async def _relay(
@@ -307,6 +329,7 @@ class Proxy:
             drop_hop_by_hop(upstream.headers.items()), drop_encoding=plan.decoded
         ):
             response.headers.add(name, value)
+        _name_stream(response, stream)
 
         async def drive(driver: StreamDriver) -> None:
             await driver.run(exchange)
@@ -335,6 +358,7 @@ class Proxy:
         response = web.StreamResponse(status=200)
         for name, value in stream_response_headers(committed.items()):
             response.headers.add(name, value)
+        _name_stream(response, stream)
         extra = self._extra_types
 
         def refusal(head: ResponseHead) -> str | None:
@@ -383,8 +407,13 @@ class Proxy:
         self.tracker.open(stream)
         driver: StreamDriver | None = None
         drain = route.on_client_gone == "drain"
+        journal = relay.journal
+        resume = self.resume
+        # drain and detach read the upstream on after the client left.
+        reads_on = drain or journal is not None
         in_background = False
         driving: asyncio.Future[None] | None = None
+        detached = self._metrics.detached if self._metrics is not None else None
 
         def conclude() -> None:
             if driver is not None:
@@ -392,26 +421,48 @@ class Proxy:
             release_upstream()  # once: Exchange.finish acts only the first time
             if not relay.done:  # an unexpected error in this face
                 relay.client_gone(loop.time())
+            if journal is not None and resume is not None:
+                journal.end(str(relay.end_state), relay.dialect)
+                resume.finished(journal)
+            if in_background and detached is not None and journal is not None:
+                detached.dec()
             record = finished_record(
                 stream.stream_id, route.route, request.method, request.path, status, relay
             )
             self.tracker.close(stream, record)
 
+        holds = None
+        if journal is not None and resume is not None:
+            stream_id = journal.stream_id
+
+            async def holds() -> float | None:
+                return await resume.held_for(stream_id)
+
         try:
             await response.prepare(request)
             channel = ClientChannel(request, response)
             driver = StreamDriver(
-                channel, stream, plan, route.client_write_timeout, drain_on_gone=drain
+                channel,
+                stream,
+                plan,
+                route.client_write_timeout,
+                drain_on_gone=drain,
+                detach_window=route.resume_window if journal is not None else None,
+                holds=holds,
             )
             channel.on_gone(driver.client_gone)
+            if journal is not None and resume is not None:
+                resume.running(journal, request, driver.stop, relay.resumed)
             driving = asyncio.ensure_future(drive(driver))
             try:
                 # Shielded: with on_client_gone: drain the stream outlives the
                 # handler that aiohttp cancels when the client leaves.
                 await asyncio.shield(driving)
             except asyncio.CancelledError:
-                if drain and relay.draining and not driving.done():
+                if reads_on and relay.draining and not driving.done():
                     in_background = True
+                    if detached is not None and journal is not None:
+                        detached.inc()
                     self._draining.add(driving)
                     driving.add_done_callback(self._draining.discard)
                     driving.add_done_callback(lambda _: conclude())
@@ -521,3 +572,10 @@ class Proxy:
         elif request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         return request_head(request.method, self._prefix + request.raw_path, headers.items())
+
+
+def _name_stream(response: web.StreamResponse, stream: ActiveStream) -> None:
+    """A resumable stream's response names it, for a resume or a stop."""
+    journal = stream.relay.journal
+    if journal is not None:
+        response.headers[STREAM_ID_HEADER] = journal.stream_id

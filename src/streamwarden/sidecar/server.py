@@ -58,6 +58,7 @@ class Sidecar:
             self.tracker,
             gap_observer=self.metrics.observe_gap,
             websocket_listener=self.metrics.websocket_session,
+            metrics=self.metrics,
         )
         self.draining = False
         self._proxy_runner: web.AppRunner | None = None
