@@ -28,9 +28,10 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 # A virtualenv at the same path in both stages, so its scripts' shebangs hold.
 # pip compiles every module to bytecode here, at build time, so the read-only
-# runtime never needs to. "fast" adds uvloop and orjson.
+# runtime never needs to. "fast" adds uvloop and orjson; "redis" the shared
+# resume store (resume_store: redis://...).
 RUN python -m venv /opt/streamwarden \
-    && /opt/streamwarden/bin/pip install --no-cache-dir ".[fast]"
+    && /opt/streamwarden/bin/pip install --no-cache-dir ".[fast,redis]"
 
 # -- runtime --------------------------------------------------------------------
 # Debian slim, not distroless: on Kubernetes < 1.30 the Helm chart's preStop

@@ -59,8 +59,9 @@ class RateLimitedWarnings:
     of log lines (the metric counts every one of them).
     """
 
-    def __init__(self, interval: float = 10.0) -> None:
+    def __init__(self, interval: float = 10.0, logger: logging.Logger | None = None) -> None:
         self._interval = interval
+        self._log = logger or log
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
@@ -75,7 +76,7 @@ class RateLimitedWarnings:
         if suppressed:
             message += " (%d more like it since the last such line)"
             args = (*args, suppressed)
-        log.warning(message, *args)
+        self._log.warning(message, *args)
 
 
 class _GuardedRequestHandler(RequestHandler):

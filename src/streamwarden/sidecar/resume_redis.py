@@ -1,0 +1,300 @@
+"""The Redis resume store: a stream cut on one replica resumes on any other.
+
+Layout, per stream id (all keys expire):
+
+- ``streamwarden:s:<id>``: a Redis Stream, one entry per event, the
+  event's sequence number as the entry id (``<seq>-0``) and its bytes in
+  field ``d``; the end is one more entry, ``<last seq>-1``, with field
+  ``end`` (the end state). Replay is ``XRANGE`` from just after the
+  client's position, live continuation ``XREAD BLOCK`` from the last one.
+- ``streamwarden:m:<id>``: a hash with the owner digest and the dialect.
+- ``streamwarden:h:<id>``: the hold of a resumed client (``PX`` lease):
+  the original replica looks at it when its ``resume_window`` runs out.
+
+The live path never waits on Redis. A journal's writes go into one
+bounded queue that a single writer task sends in pipelined batches; when
+Redis is slow or down the queue fills and further writes are dropped
+(counted, logged at most once a minute), live streams go on untouched,
+new streams are not offered for resume (no ids, no header) until a write
+succeeds again, and resumes answer ``resume_unavailable``. A stream whose
+writes were dropped has a hole in its sequence, which a resume reports as
+``resume_gap``, never as text that silently skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any
+
+import redis.asyncio as redis_asyncio
+from redis.exceptions import RedisError
+
+from streamwarden.config import Settings
+from streamwarden.headers import redact_url
+from streamwarden.metrics import StreamMetrics
+from streamwarden.resume import JournalSink
+from streamwarden.sidecar.http import RateLimitedWarnings
+from streamwarden.sidecar.resume import Batch, StoreUnavailable
+
+__all__ = ["RedisBackend"]
+
+log = logging.getLogger("streamwarden.resume")
+
+#: Most writes waiting for Redis; past it, writes are dropped (and counted).
+MAX_QUEUED_WRITES = 20_000
+#: Most writes sent in one pipelined round trip.
+BATCH = 512
+#: Longest a resume's read may wait for Redis beyond its own wait.
+READ_TIMEOUT = 2.0
+#: Most events read in one replay step.
+READ_COUNT = 256
+
+Command = tuple[Any, ...]
+
+
+def _keys(stream_id: str) -> tuple[str, str, str]:
+    return (
+        f"streamwarden:s:{stream_id}",
+        f"streamwarden:m:{stream_id}",
+        f"streamwarden:h:{stream_id}",
+    )
+
+
+def _seq(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    left, _, right = text.partition("-")
+    return int(left), int(right or 0)
+
+
+class _RedisJournal:
+    """One stream's writes, queued for the writer (a :class:`JournalSink`)."""
+
+    __slots__ = ("_backend", "_bytes", "_first_kept", "_keys", "_sizes")
+
+    def __init__(self, backend: RedisBackend, stream_id: str) -> None:
+        self._backend = backend
+        self._keys = _keys(stream_id)
+        self._bytes = 0
+        self._sizes: deque[int] = deque()
+        self._first_kept = 1
+
+    def append(self, seq: int, data: bytes) -> None:
+        backend = self._backend
+        events, meta, _ = self._keys
+        backend.enqueue(("XADD", events, f"{seq}-0", "d", data))
+        self._sizes.append(len(data))
+        self._bytes += len(data)
+        trimmed = False
+        while self._bytes > backend.max_stream_bytes and len(self._sizes) > 1:
+            self._bytes -= self._sizes.popleft()
+            self._first_kept += 1
+            trimmed = True
+        if trimmed:
+            backend.enqueue(("XTRIM", events, "MINID", f"{self._first_kept}-0"))
+        if seq % 64 == 1:
+            # While it runs, a stream outlives its TTL (long answers).
+            backend.enqueue(("PEXPIRE", events, backend.live_ttl_ms))
+            backend.enqueue(("PEXPIRE", meta, backend.live_ttl_ms))
+
+    def end(self, state: str, dialect: str) -> None:
+        backend = self._backend
+        events, meta, _ = self._keys
+        last = self._first_kept - 1 + len(self._sizes)
+        backend.enqueue(("XADD", events, f"{last}-1", "end", state))
+        backend.enqueue(("HSET", meta, "dialect", dialect))
+        backend.enqueue(("PEXPIRE", events, backend.ended_ttl_ms))
+        backend.enqueue(("PEXPIRE", meta, backend.ended_ttl_ms))
+
+
+class RedisBackend:
+    """Resumable streams in Redis, shared by every replica that points at it."""
+
+    def __init__(self, url: str, settings: Settings, metrics: StreamMetrics | None = None) -> None:
+        self._url = url
+        self._shown = redact_url(url)
+        self._metrics = metrics
+        self.max_stream_bytes = settings.resume_max_bytes
+        self.ended_ttl_ms = max(1, int(settings.resume_ttl * 1000))
+        # A running stream's keys live as long as it may run, plus its TTL.
+        self.live_ttl_ms = int((settings.max_stream_duration or 86400.0) * 1000) + self.ended_ttl_ms
+        self._client: redis_asyncio.Redis | None = None
+        self._queue: deque[Command] = deque()
+        self._queued = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        #: The last write round trip succeeded: new streams are offered for resume.
+        self.healthy = True
+        self._warnings = RateLimitedWarnings(60.0, log)
+        if metrics is not None:
+            metrics.store_queue.set_function(lambda: float(len(self._queue)))
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._client = redis_asyncio.Redis.from_url(
+            self._url, socket_connect_timeout=1.0, health_check_interval=0
+        )
+        self._writer = asyncio.create_task(self._write_loop(), name="streamwarden-redis-writer")
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            # What is still queued gets one last chance.
+            with contextlib.suppress(asyncio.TimeoutError, RedisError, OSError):
+                async with asyncio.timeout(1.0):
+                    while self._queue and self.healthy:
+                        await self._flush()
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            self._writer = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- writes (never awaited by a stream) ------------------------------------
+
+    def open(self, stream_id: str, owner: str, dialect: str) -> JournalSink | None:
+        if not self.healthy:
+            return None  # nothing would be kept: the stream is not offered for resume
+        _, meta, _ = _keys(stream_id)
+        self.enqueue(("HSET", meta, "owner", owner, "dialect", dialect))
+        self.enqueue(("PEXPIRE", meta, self.live_ttl_ms))
+        return _RedisJournal(self, stream_id)
+
+    def enqueue(self, command: Command) -> None:
+        if len(self._queue) >= MAX_QUEUED_WRITES:
+            self._error("the write queue is full")
+            return
+        self._queue.append(command)
+        self._queued.set()
+
+    async def _write_loop(self) -> None:
+        pause = 0.05
+        while True:
+            if not self._queue and self.healthy:
+                self._queued.clear()
+                await self._queued.wait()
+            # Unhealthy with nothing queued: _flush pings, to notice Redis is back.
+            try:
+                await self._flush()
+                self.healthy = True
+                pause = 0.05
+            except (RedisError, OSError, TimeoutError) as exc:
+                self.healthy = False
+                self._error(f"{type(exc).__name__}")
+                # Back off, then try again with what is queued (bounded).
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    async def _flush(self) -> None:
+        assert self._client is not None
+        queue = self._queue
+        batch = [queue.popleft() for _ in range(min(BATCH, len(queue)))]
+        if not batch:
+            await self._client.ping()
+            return
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                pipe = self._client.pipeline(transaction=False)
+                for command in batch:
+                    pipe.execute_command(*command)
+                await pipe.execute(raise_on_error=False)
+        except BaseException:
+            # Lost: the streams they belong to have a hole a resume reports.
+            if self._metrics is not None:
+                self._metrics.store_errors.inc(len(batch))
+            raise
+
+    def _error(self, what: str) -> None:
+        if self._metrics is not None:
+            self._metrics.store_errors.inc()
+        self._warnings.warn("resume_store", "resume store %s: %s", self._shown, what)
+
+    # -- reads (a resume's own task) -------------------------------------------
+
+    async def _call(self, *command: Any, timeout: float = READ_TIMEOUT) -> Any:
+        client = self._client
+        if client is None:
+            raise StoreUnavailable("not started")
+        try:
+            async with asyncio.timeout(timeout):
+                return await client.execute_command(*command)  # type: ignore[no-untyped-call]
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._error(f"{type(exc).__name__} on {command[0]}")
+            raise StoreUnavailable(type(exc).__name__) from None
+
+    async def lookup(self, stream_id: str) -> tuple[str, str] | None:
+        _, meta, _ = _keys(stream_id)
+        found = await self._call("HMGET", meta, "owner", "dialect")
+        owner, dialect = found
+        if owner is None:
+            return None
+        return owner.decode(), (dialect or b"generic").decode()
+
+    async def read(self, stream_id: str, after: int, wait: float) -> Batch | None:
+        events_key, meta, _ = _keys(stream_id)
+        # Exclusive of the position itself, so the end entry <after>-1 is seen.
+        entries = await self._call("XRANGE", events_key, f"({after}-0", "+", "COUNT", READ_COUNT)
+        if not entries and wait > 0:
+            block = max(1, int(wait * 1000))
+            found = await self._call(
+                "XREAD",
+                "COUNT",
+                READ_COUNT,
+                "BLOCK",
+                block,
+                "STREAMS",
+                events_key,
+                f"{after}-0",
+                timeout=wait + READ_TIMEOUT,
+            )
+            entries = _xread_entries(found)
+        if not entries:
+            if not await self._call("EXISTS", meta):
+                return None  # expired meanwhile
+            return Batch([])
+        events: list[bytes] = []
+        expected = after + 1
+        for entry_id, fields in _pairs(entries):
+            seq, part = _seq(entry_id)
+            if part == 1:  # the end: only once every event before it was read
+                return Batch(events, ended=True, gap=seq != expected - 1)
+            if seq != expected:
+                # Evicted (the per-stream cap) or a write that was dropped.
+                return Batch(events, gap=True)
+            events.append(fields.get(b"d", b""))
+            expected += 1
+        return Batch(events)
+
+    async def hold(self, stream_id: str, seconds: float) -> None:
+        _, _, hold = _keys(stream_id)
+        await self._call("SET", hold, b"1", "PX", max(1, int(seconds * 1000)))
+
+    async def held_for(self, stream_id: str) -> float | None:
+        _, _, hold = _keys(stream_id)
+        left = await self._call("PTTL", hold)
+        return left / 1000 if isinstance(left, int) and left > 0 else None
+
+    def bytes_held(self) -> int | None:
+        return None
+
+
+def _pairs(entries: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """XRANGE's entries as (id, fields), whatever shape the client decoded them to."""
+    out: list[tuple[bytes, dict[bytes, bytes]]] = []
+    for entry in entries:
+        entry_id, fields = entry[0], entry[1]
+        if isinstance(fields, list):
+            fields = dict(zip(fields[::2], fields[1::2], strict=False))
+        out.append((entry_id, fields))
+    return out
+
+
+def _xread_entries(found: Any) -> list[Any]:
+    if not found:
+        return []
+    if isinstance(found, dict):  # RESP3
+        return next(iter(found.values()), [[]])[0] if found else []
+    return list(found[0][1])  # RESP2: [[key, entries]]

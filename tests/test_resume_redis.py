@@ -1,0 +1,210 @@
+"""Resume across replicas: two sidecars sharing a real ``redis-server``.
+
+A client cut on one replica reconnects to the other with its last event id
+and gets the missing events, then the rest live, from the one generation
+the first replica still reads. Redis going away must not touch a live
+stream; resumes then say ``resume_unavailable``; Redis coming back makes
+new streams resumable again without restarting anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import aiohttp
+import pytest
+
+from streamwarden.mock import MockServer
+from streamwarden.mock.tokens import mock_text
+from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.sidecar import Sidecar
+from test_resume import KEY, TOKENS, mock_headers, read_events, resume, text_of
+from waiting import wait_for, wait_until
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+CHAT = "/v1/chat/completions"
+REDIS = shutil.which("redis-server")
+
+pytestmark = pytest.mark.skipif(REDIS is None, reason="needs Debian's redis-server")
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, nothing persisted."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert REDIS is not None
+        self.process = subprocess.Popen(
+            [
+                REDIS,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    async def ready(self) -> None:
+        async def answers() -> bool:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                return False
+            writer.write(b"PING\r\n")
+            line = await reader.readline()
+            writer.close()
+            return line.startswith(b"+PONG")
+
+        await wait_until(answers, what="redis-server answers PING")
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+async def replicas(
+    mock: MockServer, start_sidecar: StartSidecar, redis_server: RedisServer
+) -> AsyncIterator[tuple[Sidecar, Sidecar]]:
+    await redis_server.ready()
+    settings = {"on_client_gone": "detach", "resume_store": redis_server.url}
+    # A short window on the first replica: only the resumed client's hold,
+    # written on the other replica, keeps its upstream running past it.
+    first = await start_sidecar(mock.url, resume_window="500ms", **settings)
+    second = await start_sidecar(mock.url, resume_window="500ms", **settings)
+    yield first, second
+
+
+async def test_a_client_cut_on_one_replica_resumes_on_the_other(
+    mock: MockServer, replicas: tuple[Sidecar, Sidecar]
+) -> None:
+    first, second = replicas
+    tokens = 40
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT,
+            headers=mock_headers("across", tps=20, tokens=tokens),
+            json={"stream": True},
+        ) as response:
+            stream_id = response.headers[STREAM_ID_HEADER]
+            head = await read_events(response, until=lambda got: len(got) >= 5)
+            response.close()
+        await wait_for(lambda: first.metrics.detached._value.get() == 1, what="detached")
+        async with session.get(
+            second.proxy_url + CHAT, headers={**KEY, "Last-Event-ID": head[-1].id or ""}
+        ) as again:
+            assert again.headers[STREAM_ID_HEADER] == stream_id
+            rest = await read_events(again)
+    ids = [event.id for event in head + rest]
+    assert ids == [f"{stream_id}.{n}" for n in range(1, len(ids) + 1)]
+    assert rest[-1].data == "[DONE]"
+    assert text_of(head + rest) == mock_text(tokens)
+    assert len(mock.stats.records) == 1  # one generation
+    upstream = await mock.stats.wait_ended("across")
+    assert upstream.completed  # held past the first replica's 500 ms window
+    await wait_for(lambda: len(first.tracker.finished) == 1)
+    assert first.tracker.finished[-1].meter.end_state == "completed"
+    assert 'streamwarden_resumes_total{result="ok"} 1.0' in second.metrics.render().decode()
+
+
+async def test_a_resume_with_other_credentials_on_another_replica_is_refused(
+    mock: MockServer, replicas: tuple[Sidecar, Sidecar]
+) -> None:
+    first, second = replicas
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT, headers=mock_headers("theirs"), json={"stream": True}
+        ) as response:
+            events = await read_events(response)
+    await wait_for(lambda: len(first.tracker.finished) == 1)
+    position = events[2].id or ""
+
+    async def stored() -> bool:  # the writer is off the hot path: wait for it
+        _, _, _, body = await resume(second.proxy_url, position)
+        return b"[DONE]" in body
+
+    await wait_until(stored, what="the stream's events reach Redis")
+    _, _, _, stranger = await resume(
+        second.proxy_url, position, headers={"Authorization": "Bearer sk-else"}
+    )
+    _, _, _, unknown = await resume(second.proxy_url, "a" * 32 + ".3")
+    assert stranger == unknown and b"resume_expired" in stranger
+    _, _, rest, _ = await resume(second.proxy_url, position)
+    assert text_of(events[:3] + rest) == mock_text(TOKENS)
+
+
+async def test_redis_killed_mid_stream_leaves_the_live_stream_untouched(
+    mock: MockServer, replicas: tuple[Sidecar, Sidecar], redis_server: RedisServer
+) -> None:
+    first, second = replicas
+    tokens = 40
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT,
+            headers=mock_headers("unharmed", tps=40, tokens=tokens),
+            json={"stream": True},
+        ) as response:
+            head = await read_events(response, until=lambda got: len(got) >= 5)
+            redis_server.kill()
+            rest = await read_events(response)
+    assert rest[-1].data == "[DONE]"
+    assert text_of(head + rest) == mock_text(tokens)  # every event, in order
+    status, _, _, body = await resume(second.proxy_url, head[-1].id or "")
+    assert status == 200 and b"resume_unavailable" in body
+    metrics = second.metrics.render().decode()
+    assert 'streamwarden_resumes_total{result="unavailable"} 1.0' in metrics
+
+    # Redis comes back (empty): new streams are resumable again, no restart.
+    redis_server.start()
+    await redis_server.ready()
+
+    async def offered() -> bool:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                first.proxy_url + CHAT,
+                headers=mock_headers("probe", tokens=2),
+                json={"stream": True},
+            ) as response:
+                await response.read()
+                return STREAM_ID_HEADER in response.headers
+
+    await wait_until(offered, what="new streams are offered for resume again")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT,
+            headers=mock_headers("after", tps=20, tokens=tokens),
+            json={"stream": True},
+        ) as response:
+            again_head = await read_events(response, until=lambda got: len(got) >= 3)
+            response.close()
+        async with session.get(
+            second.proxy_url + CHAT, headers={**KEY, "Last-Event-ID": again_head[-1].id or ""}
+        ) as again:
+            again_rest = await read_events(again)
+    assert text_of(again_head + again_rest) == mock_text(tokens)
