@@ -831,3 +831,34 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     path = tmp_path / "dashboard-queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     _run_promtool("check", "rules", str(path))
+
+
+def test_replicas_share_a_redis_resume_store_from_a_url_or_a_secret(tmp_path: Path) -> None:
+    plain = Pod(tuple(objects_of(render({"resume": {"redis": {"url": "redis://redis:6379/0"}}}))))
+    assert plain.settings(tmp_path).resume_store == "redis://redis:6379/0"
+    secret = Pod(
+        tuple(
+            objects_of(
+                render(
+                    {
+                        "resume": {
+                            "redis": {
+                                "url": "redis://ignored:6379/0",
+                                "existingSecret": "llm-redis",
+                                "secretKey": "resume-url",
+                            }
+                        }
+                    }
+                )
+            )
+        )
+    )
+    # A URL with a password never lands in the ConfigMap: it comes from the Secret.
+    assert "resume_store" not in secret.config_keys
+    assert {
+        "name": "STREAMWARDEN_RESUME_STORE",
+        "valueFrom": {"secretKeyRef": {"name": "llm-redis", "key": "resume-url"}},
+    } in secret.sidecar["env"]
+    defaults = Pod(tuple(objects_of(render())))
+    assert "resume_store" not in defaults.config_keys
+    assert "env" not in defaults.sidecar

@@ -238,6 +238,9 @@ exec:
 {{- $_ = set $config "upstream" (include "streamwarden.upstream" .) -}}
 {{- $_ = set $config "drain_timeout" $v.drain_timeout -}}
 {{- $_ = set $config "keepalive_interval" $v.keepalive_interval -}}
+{{- with $v.resume }}{{- with .redis }}{{- if and .url (not .existingSecret) }}
+{{- $_ = set $config "resume_store" .url -}}
+{{- end }}{{- end }}{{- end }}
 # streamwarden config, rendered by the streamwarden chart from its values.
 {{ toYaml $config }}
 {{- end -}}
@@ -293,9 +296,21 @@ prometheus.io/path: /metrics
     {{- with $v.sidecar.extraArgs }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
-  {{- with $v.sidecar.env }}
+  {{- $redisSecret := "" }}
+  {{- with $v.resume }}{{- with .redis }}{{- $redisSecret = .existingSecret }}{{- end }}{{- end }}
+  {{- if or $v.sidecar.env $redisSecret }}
   env:
+    {{- with $v.sidecar.env }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- if $redisSecret }}
+    # The shared resume store's URL (it may hold a password): from a Secret.
+    - name: STREAMWARDEN_RESUME_STORE
+      valueFrom:
+        secretKeyRef:
+          name: {{ $redisSecret | quote }}
+          key: {{ $v.resume.redis.secretKey | default "url" | quote }}
+    {{- end }}
   {{- end }}
   ports:
     - name: sw-proxy
