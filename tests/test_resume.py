@@ -254,7 +254,7 @@ async def test_a_resume_whose_position_was_evicted_gets_resume_gap(
     _, _, events, body = await resume(sidecar.proxy_url, first[-1].id or "")
     assert b"resume_gap" in body and len(events) == 1
     # The newest events are still there.
-    stored = sidecar.proxy.resume.backend.store.find(stream_id)  # type: ignore[union-attr]
+    stored = sidecar.proxy.resume.backend.store.find(stream_id)  # type: ignore[union-attr, attr-defined]
     assert stored is not None and stored.first_seq > 3
     _, _, tail, _ = await resume(sidecar.proxy_url, f"{stream_id}.{stored.first_seq - 1}")
     assert tail[-1].data == "[DONE]"

@@ -21,13 +21,20 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from streamwarden.config import Settings
 from streamwarden.meter import StreamRecord
 
-__all__ = ["JSONFormatter", "configure_logging", "log_unless_configured", "stream_logger"]
+__all__ = [
+    "JSONFormatter",
+    "RateLimitedWarnings",
+    "configure_logging",
+    "log_unless_configured",
+    "stream_logger",
+]
 
 STREAM_LOGGER = "streamwarden.stream"
 
@@ -134,3 +141,30 @@ def stream_logger() -> Callable[[StreamRecord], None]:
             logger.info("stream finished", extra={"fields": stream_fields(record)})
 
     return log_stream
+
+
+class RateLimitedWarnings:
+    """At most one warning line per reason per ``interval``; the rest are only counted.
+
+    A flood of slowloris or malformed connections must not become a flood
+    of log lines (the metric counts every one of them).
+    """
+
+    def __init__(self, interval: float = 10.0, logger: logging.Logger | None = None) -> None:
+        self._interval = interval
+        self._log = logger or logging.getLogger("streamwarden.proxy")
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warn(self, reason: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval:
+            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+            return
+        self._last[reason] = now
+        suppressed = self._suppressed.pop(reason, 0)
+        if suppressed:
+            message += " (%d more like it since the last such line)"
+            args = (*args, suppressed)
+        self._log.warning(message, *args)

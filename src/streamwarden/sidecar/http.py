@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -39,9 +38,10 @@ from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
+from streamwarden.logs import RateLimitedWarnings
 from streamwarden.refusals import RefusalKind
 
-__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner", "RateLimitedWarnings", "refuse"]
+__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner", "refuse"]
 
 #: How a write to a client that has gone surfaces.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
@@ -50,33 +50,6 @@ log = logging.getLogger("streamwarden.proxy")
 
 #: Called with the reason of every connection the listener refuses itself.
 RefusalCounter = Callable[[str], None]
-
-
-class RateLimitedWarnings:
-    """At most one warning line per reason per ``interval``; the rest are only counted.
-
-    A flood of slowloris or malformed connections must not become a flood
-    of log lines (the metric counts every one of them).
-    """
-
-    def __init__(self, interval: float = 10.0, logger: logging.Logger | None = None) -> None:
-        self._interval = interval
-        self._log = logger or log
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warn(self, reason: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        last = self._last.get(reason)
-        if last is not None and now - last < self._interval:
-            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
-            return
-        self._last[reason] = now
-        suppressed = self._suppressed.pop(reason, 0)
-        if suppressed:
-            message += " (%d more like it since the last such line)"
-            args = (*args, suppressed)
-        self._log.warning(message, *args)
 
 
 class _GuardedRequestHandler(RequestHandler):

@@ -40,9 +40,10 @@ from streamwarden.refusals import RefusalKind
 from streamwarden.register import NO_SLOT, Slot, finished_record
 from streamwarden.relay import Relay
 from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.resume_service import ResumeService
+from streamwarden.sidecar import resume as resuming
 from streamwarden.sidecar.driver import PassThrough, StreamDriver
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel, refuse
-from streamwarden.sidecar.resume import ResumeService
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 from streamwarden.sidecar.upstream import (
     BodyTooLarge,
@@ -114,9 +115,7 @@ class Proxy:
         self._metrics = metrics
         #: Resumes and stops, when some route keeps its streams for a resume.
         self.resume: ResumeService | None = None
-        if settings.on_client_gone == "detach" or any(
-            r.on_client_gone == "detach" for r in settings.routes.values()
-        ):
+        if ResumeService.wanted(settings):
             self.resume = ResumeService(settings, metrics)
 
     async def start(self) -> None:
@@ -191,17 +190,17 @@ class Proxy:
         if route.resumable and self.resume is not None:
             # A resume is served from the store and never reaches the
             # upstream: forwarding it would start a second generation.
-            asked = self.resume.position(request)
+            asked = resuming.position(request)
             if request.method == "DELETE" and (
                 asked is not None or STREAM_ID_HEADER in request.headers
             ):
-                return await self.resume.stop(request, asked)
+                return resuming.stop_stream(self.resume, request, asked)
             if asked is not None:
                 held = self.tracker.admit(stream_limit)
                 if held is None:
                     return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
                 try:
-                    return await self.resume.serve(request, route, asked)
+                    return await resuming.serve_resume(self.resume, request, route, asked)
                 finally:
                     held.release()
         body_start = b""
@@ -310,7 +309,7 @@ class Proxy:
             framing=plan.framing,
         )
         if route.resumable and plan.framing == "sse" and self.resume is not None:
-            relay.journal = self.resume.journal(request, relay.dialect)
+            relay.journal = self.resume.journal(request.headers.items(), relay.dialect)
         return ActiveStream(self.tracker.next_id(), relay, route.route)
 
     async def _relay(
@@ -422,8 +421,7 @@ class Proxy:
             if not relay.done:  # an unexpected error in this face
                 relay.client_gone(loop.time())
             if journal is not None and resume is not None:
-                journal.end(str(relay.end_state), relay.dialect)
-                resume.finished(journal)
+                resume.finished(journal, str(relay.end_state), relay.dialect)
             if in_background and detached is not None and journal is not None:
                 detached.dec()
             record = finished_record(
@@ -452,7 +450,7 @@ class Proxy:
             )
             channel.on_gone(driver.client_gone)
             if journal is not None and resume is not None:
-                resume.running(journal, request, driver.stop, relay.resumed)
+                resume.running(journal, request.headers.items(), driver.stop, relay.resumed)
             driving = asyncio.ensure_future(drive(driver))
             try:
                 # Shielded: with on_client_gone: drain the stream outlives the

@@ -25,9 +25,9 @@ from yarl import URL
 
 from streamwarden.config import Settings
 from streamwarden.headers import redact_url
-from streamwarden.logs import stream_logger
+from streamwarden.logs import RateLimitedWarnings, stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
-from streamwarden.sidecar.http import GuardedAppRunner, RateLimitedWarnings
+from streamwarden.sidecar.http import GuardedAppRunner
 from streamwarden.sidecar.proxy import Proxy
 from streamwarden.sidecar.streams import StreamTracker
 

@@ -34,10 +34,10 @@ from redis.exceptions import RedisError
 
 from streamwarden.config import Settings
 from streamwarden.headers import redact_url
+from streamwarden.logs import RateLimitedWarnings
 from streamwarden.metrics import StreamMetrics
 from streamwarden.resume import JournalSink
-from streamwarden.sidecar.http import RateLimitedWarnings
-from streamwarden.sidecar.resume import Batch, StoreUnavailable
+from streamwarden.resume_store import Batch, StoreUnavailable
 
 __all__ = ["RedisBackend"]
 
