@@ -119,9 +119,6 @@ def test_a_sidecar_only_setting_is_accepted_with_a_warning_not_ignored_silently(
         "listen": "127.0.0.1:1",
         "admin_listen": "127.0.0.1:2",
         "trusted_proxies": ["10.0.0.0/8"],
-        "on_client_gone": "drain",
-        "resume_store": "redis://127.0.0.1:6379/0",
-        "resume_owner_headers": ["x-tenant"],
     }.get(key, "1s" if "timeout" in key or key.endswith("_after") else 1000)
     with caplog.at_level("WARNING", logger="streamwarden.middleware"):
         StreamWardenMiddleware(FastAPI(), **{key: value})
@@ -148,6 +145,14 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "metrics_path",
         "log_format",
         "log_level",
+        # tests/test_middleware_resume.py: detach and drain run the app on.
+        "on_client_gone",
+        "resume_window",
+        "resume_store",
+        "resume_ttl",
+        "resume_max_bytes",
+        "resume_max_total_bytes",
+        "resume_owner_headers",
     }
 
 

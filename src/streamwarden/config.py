@@ -71,15 +71,6 @@ SIDECAR_ONLY = frozenset(
         "early_headers_after",
         "event_loop",
         "trusted_proxies",
-        # Not in the middleware yet: there the app's generator would have to
-        # run on without its client.
-        "on_client_gone",
-        "resume_window",
-        "resume_store",
-        "resume_ttl",
-        "resume_max_bytes",
-        "resume_max_total_bytes",
-        "resume_owner_headers",
     }
 )
 
@@ -282,8 +273,10 @@ class Settings(BaseModel):
     #: upstream has not answered a streaming request after this long (0: off).
     early_headers_after: Duration = 0.0
     #: When the client leaves mid-stream: ``cancel`` closes the upstream at
-    #: once (the inference server aborts); ``drain`` reads it to its end,
-    #: writing nothing, so its final usage is metered (sidecar; per route).
+    #: once (the inference server aborts); ``detach`` runs it on for
+    #: ``resume_window``, its events kept for a resume (``Last-Event-ID``);
+    #: ``drain`` reads it to its end, writing nothing, so its final usage is
+    #: metered. In the middleware, "the upstream" is the app's generator.
     on_client_gone: ClientGonePolicy = "cancel"
     #: ``detach``: how long a stream runs on after its client left, waiting
     #: for a resume, before the upstream is closed (``detached_expired``).

@@ -118,6 +118,7 @@ class ResumeService:
         self.backend: ResumeBackend = open_backend(settings, metrics)
         #: Streams running in this process, by stream id.
         self._local: dict[str, _LocalStream] = {}
+        self._started = False
         if metrics is not None:
             metrics.store_bytes.set_function(lambda: float(self.backend.bytes_held() or 0))
 
@@ -130,6 +131,13 @@ class ResumeService:
 
     async def start(self) -> None:
         await self.backend.start()
+        self._started = True
+
+    async def ensure_started(self) -> None:
+        """Start the store on first use (an ASGI app has no start hook of ours)."""
+        if not self._started:
+            self._started = True
+            await self.backend.start()
 
     async def close(self) -> None:
         await self.backend.close()

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from streamwarden.dialects import asks_for_stream
-from streamwarden.middleware._asgi import Message, Scope, Send
+from streamwarden.middleware._asgi import Message, Scope, Send, send_refusal
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.streams import Streams
 from streamwarden.refusals import RefusalKind
@@ -128,17 +128,7 @@ class Admission:
         slot = self._streams.admit(limit)
         if slot is None:
             await inbox.stop()  # a watch started once the body was read, if any
-            refused = RefusalKind.TOO_MANY_STREAMS.refusal
-            body = refused.body(limit=limit)
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(body)),
-            ]
-            headers += [(n.lower().encode(), v.encode()) for n, v in refused.headers]
-            await send(
-                {"type": "http.response.start", "status": refused.status, "headers": headers}
-            )
-            await send({"type": "http.response.body", "body": body})
+            await send_refusal(send, RefusalKind.TOO_MANY_STREAMS, limit=limit)
             return False
         self._slot = slot
         return True

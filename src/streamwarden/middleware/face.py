@@ -25,7 +25,9 @@ from streamwarden.logs import log_unless_configured, stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
+from streamwarden.middleware.resume import answer_resume
 from streamwarden.middleware.streams import FaceContext, Streams
+from streamwarden.resume_service import ResumeService
 
 log = logging.getLogger("streamwarden.middleware")
 
@@ -59,11 +61,19 @@ class StreamWardenMiddleware:
         self.metrics = StreamMetrics(active=lambda: len(self.streams.active))
         self.streams.listeners.append(self.metrics.stream_finished)
         self.streams.listeners.append(stream_logger())
+        #: Resumes and stops (``on_client_gone: detach``), answered before the app.
+        self.resume = (
+            ResumeService(self.settings, self.metrics)
+            if ResumeService.wanted(self.settings)
+            else None
+        )
         self._context = FaceContext(
             settings=self.settings,
             streams=self.streams,
             gap_observer=self.metrics.observe_gap,
             extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
+            resume=self.resume,
+            metrics=self.metrics,
         )
         self._metrics_path = self.settings.metrics_path
 
@@ -75,6 +85,10 @@ class StreamWardenMiddleware:
         if self._metrics_path is not None and scope.get("path") == self._metrics_path:
             await _serve_metrics(self.metrics, scope, send)
             return
+        if self.resume is not None and await answer_resume(
+            self.resume, self.settings, scope, receive, send
+        ):
+            return  # a resume or a stop: answered from the store, never by the app
         await StreamResponder(self._context, scope, receive, send).run(self.app)
 
 

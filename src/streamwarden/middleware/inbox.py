@@ -20,6 +20,11 @@ calls go through it:
   answers ``http.disconnect`` at once (after any message kept before it),
   as uvicorn does; hypercorn would otherwise block a second caller forever.
   Watching again while watching only changes the callback.
+- With :attr:`Inbox.hides_disconnect` set (``on_client_gone: drain`` or
+  ``detach``: the app must run on without its client), the app's
+  ``receive()`` never answers ``http.disconnect``: it waits until the app
+  is done or stopped, so a framework that stops its generator on a
+  disconnect (Starlette below ASGI 2.4) does not.
 
 The watcher pulls request body messages eagerly when the app has not read
 them before its stream started: it has to, to see the disconnect behind
@@ -54,6 +59,7 @@ class Inbox:
         "_watcher",
         "_watcher_waiting",
         "disconnected",
+        "hides_disconnect",
         "on_request",
     )
 
@@ -70,6 +76,8 @@ class Inbox:
         self._on_disconnect: Callable[[], None] | None = None
         #: The server has reported ``http.disconnect``.
         self.disconnected = False
+        #: The app is not to hear of it (drain, detach): see the module docstring.
+        self.hides_disconnect = False
         #: Called with each ``http.request`` message the app receives straight
         #: from the server (the responder looks at the request body with it).
         self.on_request: Callable[[Message], None] | None = None
@@ -80,7 +88,7 @@ class Inbox:
             if self._held:
                 return self._held.popleft()
             if self.disconnected:
-                return {"type": _DISCONNECT}
+                return await self._disconnect_message()
             if not self._watcher_waiting:
                 break
             # The watcher is already waiting on the server; its message lands in _held.
@@ -95,9 +103,16 @@ class Inbox:
                 self._pulse()
         if message.get("type") == _DISCONNECT:
             self._disconnect()
-        elif self.on_request is not None:
+            return await self._disconnect_message()
+        if self.on_request is not None:
             self.on_request(message)
         return message
+
+    async def _disconnect_message(self) -> Message:
+        if self.hides_disconnect:
+            # Until the app is done or stopped (its task is cancelled then).
+            await asyncio.get_running_loop().create_future()
+        return {"type": _DISCONNECT}
 
     def hold(self, message: Message) -> None:
         """Give ``message``, taken from the server by the middleware, to the app's next call."""

@@ -69,10 +69,12 @@ from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.admission import Admission
 from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.inbox import Inbox
+from streamwarden.middleware.resume import scope_headers
 from streamwarden.middleware.streams import FaceContext
 from streamwarden.plan import StreamPlan, plan_response
 from streamwarden.register import finished_record
 from streamwarden.relay import Relay
+from streamwarden.resume import STREAM_ID_HEADER
 
 __all__ = ["StreamResponder"]
 
@@ -102,6 +104,7 @@ class StreamResponder:
         "_body_closed",
         "_client_gone",
         "_context",
+        "_detached",
         "_gone_at",
         "_inbox",
         "_inflater",
@@ -144,6 +147,8 @@ class StreamResponder:
         #: The app sent its last body message (``more_body`` false).
         self._app_closed = False
         self._client_gone = False
+        #: Counted in the detached-streams gauge (client gone, kept for a resume).
+        self._detached = False
         self._gone_at: float | None = None
         #: Bytes the app sent after the stream ended since its send() last yielded.
         self._unyielded = 0
@@ -269,6 +274,10 @@ class StreamResponder:
             gap_observer=context.gap_observer,
             framing=plan.framing,
         )
+        resume = context.resume
+        if route.resumable and plan.framing == "sse" and resume is not None:
+            await resume.ensure_started()
+            relay.journal = resume.journal(scope_headers(self._scope), relay.dialect)
         # Compressed streams are inflated and relayed, as in the sidecar
         # (plan.py says why), a bounded step at a time.
         self._inflater = Inflater(plan.encoding) if plan.decoded else None
@@ -281,9 +290,14 @@ class StreamResponder:
         self._stream_id = context.streams.next_id()
         context.streams.open(self)
         start = dict(message)
-        start["headers"] = _encode(
-            stream_response_headers(drop_hop_by_hop(_decode(message)), drop_encoding=plan.decoded)
+        headers_out = stream_response_headers(
+            drop_hop_by_hop(_decode(message)), drop_encoding=plan.decoded
         )
+        journal = relay.journal
+        if journal is not None and resume is not None:
+            headers_out.append((STREAM_ID_HEADER, journal.stream_id))
+            resume.running(journal, scope_headers(self._scope), self._stop_by_owner, relay.resumed)
+        start["headers"] = _encode(headers_out)
         try:
             await self._server_send(start)
         except OSError:
@@ -396,6 +410,9 @@ class StreamResponder:
             # ASGI 2.4 servers raise on a closed connection instead of (or
             # before) reporting http.disconnect.
             self._client_left()
+            assert self._relay is not None
+            if self._relay.draining:
+                return False  # drain or detach: the app runs on, its send does not fail
             if not bounded:
                 raise  # the app's own send: it hears what the server said
             self._app_task.stop()
@@ -419,13 +436,20 @@ class StreamResponder:
         relay, lock, route = self._relay, self._lock, self._route
         assert relay is not None and lock is not None and route is not None
         loop = self._loop
-        while not self._body_closed:
+        while not self._body_closed or relay.draining:
             deadline = relay.deadline
             if deadline is None:
                 return
             delay = deadline - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if self._body_closed:
+                # Drain or detach, the client gone: only the clock runs on.
+                await self._run_detached_clock()
+                if relay.done:
+                    self._app_task.stop()
+                    return
+                continue
             try:
                 # The lock is only held long by a write the client is not taking.
                 async with asyncio.timeout(route.client_write_timeout or None):
@@ -447,6 +471,33 @@ class StreamResponder:
                 self._app_task.stop()
                 return
 
+    async def _run_detached_clock(self) -> None:
+        """A timer of a stream whose client left: a resume's hold, then the relay's limits."""
+        relay, resume = self._relay, self._context.resume
+        assert relay is not None
+        journal = relay.journal
+        loop = self._loop
+        if journal is not None and resume is not None and relay.detach_due(loop.time()):
+            left = await resume.held_for(journal.stream_id)
+            if left is not None:
+                relay.keep_detached(loop.time() + left)
+                relay.resumed()
+        relay.poll(loop.time())  # writes nothing: there is nobody to write to
+
+    def _rearm_timer(self) -> None:
+        """Make the timer look at the relay's deadline again (it may have moved sooner)."""
+        timer = self._timer
+        if timer is None or timer is asyncio.current_task():
+            return  # none yet, or it is the caller: its loop reads the deadline next
+        timer.cancel()
+        self._timer = self._loop.create_task(self._keep_time())
+
+    def _stop_by_owner(self) -> None:
+        """An explicit stop (``DELETE``) of this resumable stream by its owner."""
+        if self._relay is not None and not self._relay.done:
+            self._relay.stop(self._loop.time())
+            self._app_task.stop()
+
     # -- the client going away -----------------------------------------------
 
     def _client_disconnected(self) -> None:
@@ -456,7 +507,8 @@ class StreamResponder:
             # complete (uvicorn does at once). Nothing to cancel.
             return
         self._client_left()
-        self._app_task.stop()
+        if self._relay is None or not self._relay.draining:
+            self._app_task.stop()
 
     def _client_left(self) -> None:
         if self._client_gone:
@@ -465,8 +517,24 @@ class StreamResponder:
         self._client_gone = True
         self._close_body()
         self._gone_at = now
-        if self._relay is not None:
-            self._relay.client_gone(now)
+        relay, route = self._relay, self._route
+        if relay is not None and route is not None:
+            # on_client_gone: the app runs on for a resume (detach) or to its
+            # end (drain), or is stopped (cancel, the caller's).
+            detach = relay.journal is not None
+            relay.client_gone(
+                now,
+                drain=route.on_client_gone == "drain",
+                detach_until=now + route.resume_window if detach else None,
+            )
+            if relay.draining:
+                self._inbox.hides_disconnect = True  # the app runs on, unaware
+                self._rearm_timer()  # a detached stream's deadline came sooner
+            if relay.detached and self._context.metrics is not None:
+                self._detached = True
+                self._context.metrics.detached.inc()
+        elif relay is not None:
+            relay.client_gone(now)
 
     def _too_slow(self) -> None:
         if self._client_gone:
@@ -539,6 +607,11 @@ class StreamResponder:
             relay.client_gone(self._loop.time())
         scope = self._scope
         method, path = str(scope.get("method", "")), str(scope.get("path", ""))
+        journal, resume = relay.journal, self._context.resume
+        if journal is not None and resume is not None:
+            resume.finished(journal, str(relay.end_state), relay.dialect)
+        if self._detached and self._context.metrics is not None:
+            self._context.metrics.detached.dec()
         record = finished_record(self._stream_id, route.route, method, path, self._status, relay)
         self._context.streams.close(self, record)
 

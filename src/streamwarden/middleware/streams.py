@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from streamwarden.config import Settings
 from streamwarden.meter import GapObserver
+from streamwarden.metrics import StreamMetrics
 from streamwarden.register import Listener, StreamRegister
+from streamwarden.resume_service import ResumeService
 
 __all__ = ["FaceContext", "Listener", "Streams"]
 
@@ -31,3 +33,6 @@ class FaceContext:
     gap_observer: GapObserver | None = None
     #: ``settings.stream_media_types``, lower-cased, for the stream check.
     extra_media_types: frozenset[str] = field(default=frozenset())
+    #: Resumes and stops, when some route keeps its streams for a resume.
+    resume: ResumeService | None = None
+    metrics: StreamMetrics | None = None

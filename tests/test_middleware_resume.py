@@ -1,0 +1,135 @@
+"""Resumable streams in the middleware: the same keys, the app's generator as the upstream.
+
+``on_client_gone: detach`` keeps the app's generator running after its
+client left, its events kept for a resume; a request with ``Last-Event-ID``
+is answered from the store and never reaches the app. ``drain`` runs the
+generator to its end, writing nothing. Served by uvicorn, in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI
+from starlette.responses import StreamingResponse
+
+from middleware_apps import serve_in_process
+from streamwarden.middleware import StreamWardenMiddleware
+from streamwarden.mock.tokens import mock_tokens
+from streamwarden.resume import STREAM_ID_HEADER
+from test_resume import KEY, read_events, text_of
+from waiting import wait_for
+
+CHAT = "/v1/chat/completions"
+TOKENS = 40
+
+
+class Model:
+    """A FastAPI app whose one endpoint streams OpenAI chunks at a steady pace."""
+
+    def __init__(self, pace: float = 0.01) -> None:
+        self.pace = pace
+        self.generations = 0
+        self.tokens_made = 0
+        self.finished = asyncio.Event()
+        self.app = FastAPI()
+        self.app.post(CHAT)(self.chat)
+
+    async def chat(self) -> StreamingResponse:
+        self.generations += 1
+
+        async def tokens() -> AsyncIterator[bytes]:
+            try:
+                for token in mock_tokens(TOKENS):
+                    chunk = {"choices": [{"index": 0, "delta": {"content": token}}]}
+                    yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                    self.tokens_made += 1
+                    await asyncio.sleep(self.pace)  # the model's pace
+                yield b"data: [DONE]\n\n"
+            finally:
+                self.finished.set()
+
+        return StreamingResponse(tokens(), media_type="text/event-stream")
+
+
+@contextlib.asynccontextmanager
+async def served(model: Model, **options: Any) -> AsyncIterator[tuple[str, StreamWardenMiddleware]]:
+    # The middleware wrapping the app, as add_middleware builds it, held here.
+    middleware = StreamWardenMiddleware(model.app, **options)
+    async with serve_in_process(middleware) as url:
+        yield url, middleware
+
+
+async def cut(url: str, count: int) -> tuple[str, list[Any]]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + CHAT, headers=KEY, json={"stream": True}) as response:
+            stream_id = response.headers.get(STREAM_ID_HEADER, "")
+            events = await read_events(response, until=lambda got: len(got) >= count)
+            response.close()
+    return stream_id, events
+
+
+async def test_without_resume_a_retry_runs_the_generator_again() -> None:
+    model = Model()
+    async with served(model) as (url, _):
+        _, first = await cut(url, 5)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                url + CHAT, headers={**KEY, "Last-Event-ID": "x.5"}, json={"stream": True}
+            ) as again:
+                rest = await read_events(again)
+    assert model.generations == 2
+    assert text_of(first + rest) != "".join(mock_tokens(TOKENS))
+
+
+async def test_a_dropped_client_resumes_and_the_app_ran_once() -> None:
+    model = Model(pace=0.03)
+    async with served(model, on_client_gone="detach", resume_window="200ms") as (url, mw):
+        stream_id, first = await cut(url, 5)
+        assert len(stream_id) == 32
+        await wait_for(lambda: mw.metrics.detached._value.get() == 1, what="detached")
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                url + CHAT,
+                headers={**KEY, "Last-Event-ID": first[-1].id or ""},
+                json={"stream": True},
+            ) as again:
+                assert again.headers[STREAM_ID_HEADER] == stream_id
+                rest = await read_events(again)
+        await wait_for(lambda: len(mw.streams.finished) == 1)
+        meter = mw.streams.finished[-1].meter
+    assert model.generations == 1  # the resume never reached the app
+    assert rest[-1].data == "[DONE]"
+    ids = [e.id for e in first + rest]
+    assert ids == [f"{stream_id}.{n}" for n in range(1, len(ids) + 1)]
+    assert text_of(first + rest) == "".join(mock_tokens(TOKENS))
+    assert meter.end_state == "completed"  # held past its 200 ms window by the resume
+
+
+async def test_detached_with_nobody_resuming_stops_the_app_after_the_window() -> None:
+    model = Model(pace=0.05)
+    async with served(model, on_client_gone="detach", resume_window="150ms") as (url, mw):
+        await cut(url, 3)
+        await asyncio.wait_for(model.finished.wait(), 10)
+        await wait_for(lambda: len(mw.streams.finished) == 1)
+        meter = mw.streams.finished[-1].meter
+    assert model.tokens_made < TOKENS  # the generator was cancelled
+    assert meter.end_state == "detached_expired"
+    assert meter.tokens_zombie > 0
+
+
+async def test_drain_runs_the_app_to_its_end_for_a_client_that_left() -> None:
+    model = Model()
+    async with served(model, on_client_gone="drain") as (url, mw):
+        await cut(url, 2)
+        await asyncio.wait_for(model.finished.wait(), 10)
+        await wait_for(lambda: len(mw.streams.finished) == 1)
+        meter = mw.streams.finished[-1].meter
+    assert model.tokens_made == TOKENS
+    assert meter.end_state == "drained"
+    assert meter.tokens_zombie > 0
