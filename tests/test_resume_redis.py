@@ -208,3 +208,27 @@ async def test_redis_killed_mid_stream_leaves_the_live_stream_untouched(
         ) as again:
             again_rest = await read_events(again)
     assert text_of(again_head + again_rest) == mock_text(tokens)
+
+
+async def test_an_unreachable_redis_never_puts_its_password_in_a_log_line(
+    mock: MockServer, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"redis://:hunter2-secret@127.0.0.1:{port}/0"
+    with caplog.at_level("DEBUG"):
+        sidecar = await start_sidecar(mock.url, on_client_gone="detach", resume_store=url)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                sidecar.proxy_url + CHAT, headers=mock_headers("no-redis"), json={"stream": True}
+            ) as response:
+                events = await read_events(response)
+        assert events[-1].data == "[DONE]"  # the live stream does not need Redis
+        status, _, _, body = await resume(sidecar.proxy_url, "b" * 32 + ".1")
+        assert status == 200 and b"resume_unavailable" in body
+        await wait_for(
+            lambda: "resume store" in caplog.text, what="a warning that the store is unreachable"
+        )
+    assert "hunter2" not in caplog.text
+    assert f"127.0.0.1:{port}" in caplog.text  # which store, without its secret
