@@ -137,12 +137,17 @@ def same_owner(stored: str, presented: str) -> bool:
 
 
 def _without_ids(raw: bytes) -> bytes:
-    return _ID_LINE.sub(b"", raw)
+    # Most blocks have no id line, while nearly every JSON payload has an
+    # "id" key: three substring scans (well under a microsecond) spare the
+    # regex (several) on the path of every event.
+    if raw.startswith(b"id") or b"\nid" in raw or b"\rid" in raw:
+        return _ID_LINE.sub(b"", raw)
+    return raw
 
 
 def stamp(raw: bytes, event_id: bytes) -> bytes:
     """One event block with the upstream's ``id`` lines removed and ``id: event_id`` last."""
-    block = _without_ids(raw) if b"id" in raw else raw
+    block = _without_ids(raw)
     # The block ends with the empty line that dispatched it: drop that one
     # line end, so the last field line keeps its own.
     if block.endswith(b"\r\n"):
@@ -154,7 +159,7 @@ def stamp(raw: bytes, event_id: bytes) -> bytes:
 
 def strip_ids(raw: bytes) -> bytes:
     """A block that dispatches no event, without ``id`` lines (which would still set one)."""
-    return _without_ids(raw) if b"id" in raw else raw
+    return _without_ids(raw)
 
 
 class JournalSink(Protocol):

@@ -1,0 +1,111 @@
+"""The resume core with no I/O: ids on events, positions, owners and the memory store's bounds."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamwarden.resume import (
+    MemoryStore,
+    Position,
+    new_stream_id,
+    owner_digest,
+    resume_position,
+    stamp,
+)
+from streamwarden.sse import SSEDecoder
+
+EOL = st.sampled_from([b"\n", b"\r\n", b"\r"])
+FIELD_LINE = st.one_of(
+    st.builds(
+        lambda v: b"data: " + v,
+        st.binary(max_size=20).filter(lambda b: b"\r" not in b and b"\n" not in b),
+    ),
+    st.builds(
+        lambda v: b"id: " + v,
+        st.binary(max_size=10).filter(
+            lambda b: b"\r" not in b and b"\n" not in b and b"\0" not in b
+        ),
+    ),
+    st.just(b"id"),
+    st.just(b"event: delta"),
+    st.just(b": a comment"),
+    st.just(b"idx: not an id"),
+)
+
+
+@given(st.lists(st.tuples(FIELD_LINE, EOL), min_size=1, max_size=8), EOL)
+def test_a_stamped_event_has_our_id_and_otherwise_the_same_fields(
+    lines: list[tuple[bytes, bytes]], last: bytes
+) -> None:
+    block = b"".join(line + eol for line, eol in lines) + last
+    if last == b"\n" and lines[-1][1] == b"\r":
+        return  # "\r\n" would be one line end: not the end of a block
+    (original,) = SSEDecoder().feed(block + b"data: x\n\n")[:1] or [None]
+    stamped = stamp(block, b"abc.7")
+    events = SSEDecoder().feed(stamped)
+    if not any(line.startswith(b"data") for line, _ in lines):
+        assert events == []  # no data: nothing dispatched, with or without an id
+        return
+    (event,) = events
+    assert event.id == "abc.7"
+    assert original is not None
+    assert (event.event, event.data) == (original.event, original.data)
+
+
+def test_positions_are_the_ids_the_sidecar_writes_and_nothing_else() -> None:
+    stream_id = new_stream_id()
+    assert len(stream_id) == 32 and stream_id != new_stream_id()
+    assert resume_position(f"{stream_id}.12", "") == Position(stream_id, 12)
+    assert resume_position(None, f"model=x&last_event_id={stream_id}.3") == Position(stream_id, 3)
+    assert resume_position("", "") is None and resume_position("  ", "") is None
+    for foreign in ("chatcmpl-1", f"{stream_id}", f"{stream_id}.x", "../..", f"{stream_id}.-1"):
+        assert resume_position(foreign, "") == foreign  # a resume, of an unknown stream
+
+
+def test_the_owner_is_the_credentials_keyed_by_the_stream() -> None:
+    one = [("Authorization", "Bearer sk-1"), ("Accept", "text/event-stream")]
+    assert owner_digest(one, "s1") == owner_digest([("authorization", "Bearer sk-1")], "s1")
+    assert owner_digest(one, "s1") != owner_digest([("Authorization", "Bearer sk-2")], "s1")
+    assert owner_digest(one, "s1") != owner_digest(one, "s2")  # nothing to match across streams
+    assert owner_digest(one, "s1") != owner_digest([*one, ("Cookie", "a=b")], "s1")
+    tenant = [("X-Tenant", "acme")]
+    assert owner_digest(tenant, "s") == owner_digest([], "s")  # not a credential by default
+    assert owner_digest(tenant, "s", ["x-tenant"]) != owner_digest([], "s", ["x-tenant"])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_memory_store_evicts_a_streams_oldest_events_past_its_cap() -> None:
+    store = MemoryStore(max_stream_bytes=100, max_total_bytes=10_000, ttl=60, clock=Clock())
+    stored = store.open("s", "owner", "openai-chat")
+    for seq in range(1, 11):
+        stored.append(seq, b"x" * 30)
+    assert stored.bytes <= 100 and stored.first_seq == 8
+    assert stored.after(2) is None  # evicted: a gap, never silently skipped
+    assert stored.after(7) == [b"x" * 30] * 3
+    assert stored.after(10) == []
+
+
+def test_the_memory_store_bounds_all_streams_and_expires_ended_ones() -> None:
+    clock = Clock()
+    store = MemoryStore(max_stream_bytes=1000, max_total_bytes=300, ttl=10, clock=clock)
+    old = store.open("old", "o", "generic")
+    old.append(1, b"a" * 100)
+    old.end("completed", "generic")
+    live = store.open("live", "o", "generic")
+    for seq in range(1, 4):
+        live.append(seq, b"b" * 100)
+    assert store.find("old") is None  # an ended stream goes first
+    assert store.total_bytes <= 300
+    live.end("completed", "generic")
+    clock.now = 9.9
+    assert store.find("live") is not None
+    clock.now = 10.0
+    assert store.find("live") is None and store.total_bytes == 0
