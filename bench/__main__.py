@@ -21,16 +21,17 @@ import os
 import sys
 from pathlib import Path
 
-from bench.paths import ALL_PATHS, REPO
+from bench.paths import ALL_PATHS, EXTRA_PATHS, REPO
 from bench.report import SIDECARS, environment, evaluate_targets, markdown, plot
 from bench.scenarios import FULL, QUICK, Bench
 
 
 def _paths(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in ALL_PATHS]
+    known = ALL_PATHS + EXTRA_PATHS
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown path(s) {unknown}; known: {list(ALL_PATHS)}")
+        raise argparse.ArgumentTypeError(f"unknown path(s) {unknown}; known: {list(known)}")
     if "direct" not in names:
         names.insert(0, "direct")  # the baseline every comparison needs
     return names

@@ -12,7 +12,12 @@ A path is a way from the load client to the upstream:
 - ``fastapi-mw``: a FastAPI gateway with ``StreamWardenMiddleware`` under
   uvicorn (:mod:`bench.gateway`);
 - ``fastapi``: the same gateway without the middleware, so the middleware's
-  own share can be told from the gateway's.
+  own share can be told from the gateway's;
+- ``sidecar-resume`` and ``sidecar-resume-redis`` (not in a full run by
+  default): ``sidecar-uvloop`` on a resumable route (``on_client_gone:
+  detach``: every event gets an id and goes to the resume store), with the
+  memory store or a Redis (Debian's ``redis-server``, started for the path;
+  its own CPU is not the sidecar's and is not counted).
 
 Every process listens on a loopback port chosen at start, runs with a
 raised descriptor limit, and is one OS process whose CPU time and resident
@@ -35,7 +40,15 @@ from pathlib import Path
 from bench import procfs
 from bench.wire import Head, get
 
-__all__ = ["ALL_PATHS", "PROXIES", "Running", "free_port", "start_path", "start_upstream"]
+__all__ = [
+    "ALL_PATHS",
+    "EXTRA_PATHS",
+    "PROXIES",
+    "Running",
+    "free_port",
+    "start_path",
+    "start_upstream",
+]
 
 ALL_PATHS = ("direct", "sidecar", "sidecar-uvloop", "nginx", "fastapi-mw", "fastapi")
 PROXIES = ALL_PATHS[1:]
@@ -49,7 +62,11 @@ _DESCRIPTIONS = {
     "nginx": "nginx, 1 worker, proxy_buffering off, HTTP/1.1 keep-alive upstream",
     "fastapi-mw": "FastAPI gateway + StreamWardenMiddleware under uvicorn",
     "fastapi": "the same FastAPI gateway without the middleware",
+    "sidecar-resume": "streamwarden run --uvloop, on_client_gone: detach, memory store",
+    "sidecar-resume-redis": "streamwarden run --uvloop, on_client_gone: detach, Redis store",
 }
+#: Paths a run takes only when asked for (``--paths``).
+EXTRA_PATHS = ("sidecar-resume", "sidecar-resume-redis")
 
 _NGINX_CONF = """\
 worker_processes 1;
@@ -118,11 +135,20 @@ class Running:
     #: The processes whose CPU and memory count as the path's.
     measured: list[int] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict)
+    #: A process the path needs but whose cost is not the path's (its Redis).
+    companion: subprocess.Popen[bytes] | None = None
 
     def alive(self) -> bool:
         return self.process is None or self.process.poll() is None
 
     def stop(self) -> None:
+        self._stop()
+        companion, self.companion = self.companion, None
+        if companion is not None and companion.poll() is None:
+            companion.kill()
+            companion.wait(2.0)
+
+    def _stop(self) -> None:
         process = self.process
         if process is None or process.poll() is not None:
             return
@@ -168,6 +194,7 @@ def wait_http(port: int, target: str, timeout: float) -> None:
 
 
 def _popen(args: list[str], log: Path, **kwargs: object) -> subprocess.Popen[bytes]:
+    kwargs.setdefault("env", _child_env())
     with open(log, "wb") as out:
         return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
             args,
@@ -175,10 +202,30 @@ def _popen(args: list[str], log: Path, **kwargs: object) -> subprocess.Popen[byt
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=REPO,
-            env=_child_env(),
             preexec_fn=_raise_limits,
             **kwargs,
         )
+
+
+def _start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server for a resumable path, nothing persisted; waits until it answers."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    process = _popen(
+        [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"],
+        workdir / "redis.log",
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2) as probe:
+            probe.sendall(b"PING\r\n")
+            if probe.recv(16).startswith(b"+PONG"):
+                return process, port
+        time.sleep(0.02)
+    process.kill()
+    raise RuntimeError("redis-server did not answer PING within 10 s")
 
 
 def start_upstream(workdir: Path) -> Running:
@@ -231,7 +278,7 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
     log = workdir / f"{name}.log"
     upstream_url = f"http://{HOST}:{upstream.port}"
     running: Running
-    if base in ("sidecar", "sidecar-uvloop"):
+    if base in ("sidecar", "sidecar-uvloop", "sidecar-resume", "sidecar-resume-redis"):
         # A patched sidecar (bench.experiments) takes the same arguments.
         runner = ["bench.experiments", "+".join(patches)] if patches else ["streamwarden.cli"]
         args = [
@@ -246,9 +293,17 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
             "--admin-listen",
             f"{HOST}:{free_port()}",
         ]
-        args += ["--uvloop"] if base == "sidecar-uvloop" else ["--event-loop", "asyncio"]
-        process = _popen(args, log)
+        args += ["--event-loop", "asyncio"] if base == "sidecar" else ["--uvloop"]
+        env: dict[str, str] = {}
+        redis: subprocess.Popen[bytes] | None = None
+        if base.startswith("sidecar-resume"):
+            env["STREAMWARDEN_ON_CLIENT_GONE"] = "detach"
+        if base == "sidecar-resume-redis":
+            redis, redis_port = _start_redis(workdir)
+            env["STREAMWARDEN_RESUME_STORE"] = f"redis://{HOST}:{redis_port}/0"
+        process = _popen(args, log, env={**_child_env(), **env})
         running = Running(name, port, description, process, log, [process.pid])
+        running.companion = redis
         running.details["command"] = "streamwarden " + " ".join(args[args.index("run") :])
     elif name == "nginx":
         binary = nginx_binary()
