@@ -232,3 +232,35 @@ async def test_an_unreachable_redis_never_puts_its_password_in_a_log_line(
         )
     assert "hunter2" not in caplog.text
     assert f"127.0.0.1:{port}" in caplog.text  # which store, without its secret
+
+
+async def test_a_stop_sent_to_the_other_replica_stops_the_stream_where_it_runs(
+    mock: MockServer, replicas: tuple[Sidecar, Sidecar]
+) -> None:
+    first, second = replicas
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT,
+            headers=mock_headers("stopped-elsewhere", tps=20, tokens=2000),
+            json={"stream": True},
+        ) as response:
+            stream_id = response.headers[STREAM_ID_HEADER]
+            await read_events(response, until=lambda got: len(got) >= 2)
+            response.close()
+        await wait_for(lambda: first.metrics.detached._value.get() == 1, what="detached")
+        stop = {STREAM_ID_HEADER: stream_id}
+
+        async def known_to_redis() -> bool:  # its owner reaches Redis off the hot path
+            async with session.delete(
+                second.proxy_url + CHAT, headers={"Authorization": "Bearer sk-else", **stop}
+            ) as refused:
+                assert refused.status == 404  # not the owner's: as if unknown
+            return len(await second.proxy.resume.backend.lookup(stream_id) or ()) == 2  # type: ignore[union-attr]
+
+        await wait_until(known_to_redis, what="the stream's owner in Redis")
+        async with session.delete(second.proxy_url + CHAT, headers={**KEY, **stop}) as stopped:
+            assert stopped.status == 204
+    upstream = await mock.stats.wait_ended("stopped-elsewhere")
+    assert upstream.closed_early and upstream.tokens_generated < 2000
+    await wait_for(lambda: len(first.tracker.finished) == 1)
+    assert first.tracker.finished[-1].meter.end_state == "client_cancelled"

@@ -10,6 +10,9 @@ Layout, per stream id (all keys expire):
 - ``streamwarden:m:<id>``: a hash with the owner digest and the dialect.
 - ``streamwarden:h:<id>``: the hold of a resumed client (``PX`` lease):
   the original replica looks at it when its ``resume_window`` runs out.
+- the channel ``streamwarden:stop``: a replica asked to stop a stream that
+  runs on another publishes its id; every replica subscribes and stops it
+  where it runs.
 
 The live path never waits on Redis. A journal's writes go into one
 bounded queue that a single writer task sends in pipelined batches; when
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as redis_asyncio
@@ -51,6 +55,8 @@ BATCH = 512
 READ_TIMEOUT = 2.0
 #: Most events read in one replay step.
 READ_COUNT = 256
+#: Where a replica asks the others to stop a stream (an owner's DELETE).
+STOP_CHANNEL = "streamwarden:stop"
 
 Command = tuple[Any, ...]
 
@@ -124,6 +130,9 @@ class RedisBackend:
         self._queue: deque[Command] = deque()
         self._queued = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        #: Called with a stream id that another replica asked to stop.
+        self.on_stop: Callable[[str], None] | None = None
         #: The last write round trip succeeded: new streams are offered for resume.
         self.healthy = True
         self._warnings = RateLimitedWarnings(60.0, log)
@@ -137,8 +146,14 @@ class RedisBackend:
             self._url, socket_connect_timeout=1.0, health_check_interval=0
         )
         self._writer = asyncio.create_task(self._write_loop(), name="streamwarden-redis-writer")
+        self._listener = asyncio.create_task(self._listen_for_stops(), name="streamwarden-stops")
 
     async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
         if self._writer is not None:
             # What is still queued gets one last chance.
             with contextlib.suppress(asyncio.TimeoutError, RedisError, OSError):
@@ -279,6 +294,36 @@ class RedisBackend:
 
     def bytes_held(self) -> int | None:
         return None
+
+    # -- stops across replicas -------------------------------------------------
+
+    async def request_stop(self, stream_id: str) -> bool:
+        receivers = await self._call("PUBLISH", STOP_CHANNEL, stream_id)
+        return isinstance(receivers, int) and receivers > 0
+
+    async def _listen_for_stops(self) -> None:
+        pause = 0.05
+        while True:
+            assert self._client is not None
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(STOP_CHANNEL)
+                pause = 0.05
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    data = message.get("data")
+                    stream_id = data.decode() if isinstance(data, bytes) else str(data)
+                    if self.on_stop is not None:
+                        self.on_stop(stream_id)
+            except (RedisError, OSError) as exc:
+                self._error(f"{type(exc).__name__} on the stop channel")
+                await asyncio.sleep(pause)  # then subscribe again, backing off
+                pause = min(pause * 2, 2.0)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 def _pairs(entries: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:

@@ -119,6 +119,7 @@ class ResumeService:
         #: Streams running in this process, by stream id.
         self._local: dict[str, _LocalStream] = {}
         self._started = False
+        self.backend.on_stop = self._stop_here
         if metrics is not None:
             metrics.store_bytes.set_function(lambda: float(self.backend.bytes_held() or 0))
 
@@ -180,20 +181,38 @@ class ResumeService:
         """The position a request resumes from (see :func:`resume_position`)."""
         return resume_position(last_event_id, query_string)
 
-    def stop(self, headers: Headers, asked: Position | str | None) -> bool:
-        """An owner's ``DELETE`` with a position or the stream id header; True if stopped."""
+    async def stop(self, headers: Headers, asked: Position | str | None) -> bool:
+        """An owner's ``DELETE`` with a position or the stream id header; True if stopped.
+
+        A stream running here stops at once; one running on another replica
+        (Redis) is stopped there, through the store's stop channel.
+        """
         pairs = list(headers)
         stream_id = asked.stream_id if isinstance(asked, Position) else None
         if stream_id is None:
             named = [v for n, v in pairs if n.lower() == STREAM_ID_HEADER.lower()]
             stream_id = named[0].strip().lower() if named else None
-        local = self._local.get(stream_id) if stream_id else None
-        if stream_id is None or local is None:
+        if not stream_id:
             return False
-        if not same_owner(local.owner, self._owner(pairs, stream_id)):
-            return False  # as if unknown: nothing to learn
-        local.stop()
-        return True
+        local = self._local.get(stream_id)
+        if local is not None:
+            if not same_owner(local.owner, self._owner(pairs, stream_id)):
+                return False  # as if unknown: nothing to learn
+            local.stop()
+            return True
+        try:
+            found = await self.backend.lookup(stream_id)
+            if found is None or not same_owner(found[0], self._owner(pairs, stream_id)):
+                return False
+            return await self.backend.request_stop(stream_id)
+        except StoreUnavailable:
+            return False
+
+    def _stop_here(self, stream_id: str) -> None:
+        """Another replica relayed an owner's stop (it checked the owner)."""
+        local = self._local.get(stream_id)
+        if local is not None:
+            local.stop()
 
     async def serve(
         self,

@@ -17,6 +17,7 @@ replicas). :func:`open_backend` picks one from ``resume_store``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,6 +71,13 @@ class ResumeBackend(Protocol):
         """Bytes of events this process holds (``None``: held elsewhere)."""
         ...
 
+    async def request_stop(self, stream_id: str) -> bool:
+        """Ask every replica to stop the stream (it runs elsewhere); False if none can be asked."""
+        ...
+
+    #: Called with a stream id that another replica asked to stop.
+    on_stop: Callable[[str], None] | None
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -87,6 +95,7 @@ class MemoryBackend:
             clock=self._now,
         )
         self._holds: dict[str, float] = {}
+        self.on_stop: Callable[[str], None] | None = None
 
     def _now(self) -> float:
         if self._loop is None:
@@ -138,6 +147,9 @@ class MemoryBackend:
 
     def bytes_held(self) -> int | None:
         return self.store.total_bytes
+
+    async def request_stop(self, stream_id: str) -> bool:
+        return False  # one process: a stream not running here runs nowhere
 
     async def start(self) -> None:
         return None

@@ -60,7 +60,7 @@ async def answer_resume(
         asked is not None or any(n.lower() == STREAM_ID_HEADER.lower() for n, _ in headers)
     ):
         await service.ensure_started()
-        if service.stop(headers, asked):
+        if await service.stop(headers, asked):
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
         else:

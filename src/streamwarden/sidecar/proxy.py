@@ -194,7 +194,7 @@ class Proxy:
             if request.method == "DELETE" and (
                 asked is not None or STREAM_ID_HEADER in request.headers
             ):
-                return resuming.stop_stream(self.resume, request, asked)
+                return await resuming.stop_stream(self.resume, request, asked)
             if asked is not None:
                 held = self.tracker.admit(stream_limit)
                 if held is None:

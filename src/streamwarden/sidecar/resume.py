@@ -61,10 +61,10 @@ async def serve_resume(
     return answer.response
 
 
-def stop_stream(
+async def stop_stream(
     service: ResumeService, request: web.Request, asked: Position | str | None
 ) -> web.Response:
     """``DELETE`` of a running stream by its owner: ``204``, else as if unknown."""
-    if service.stop(request.headers.items(), asked):
+    if await service.stop(request.headers.items(), asked):
         return web.Response(status=204)
     return refuse(RefusalKind.UNKNOWN_STREAM)
