@@ -149,6 +149,69 @@ def experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+RESUME_PATHS = ["direct", "sidecar-uvloop", "sidecar-resume", "sidecar-resume-redis", "nginx"]
+
+
+def _cpu_cell(name: str, value: float | None, plain: float | None) -> str:
+    if value is None:
+        return "–"
+    if name in ("sidecar-uvloop", "nginx") or not plain:
+        return f"{value} µs"
+    return f"{value} µs ({value / plain:.2f}×)"
+
+
+def resume_cost(args: argparse.Namespace) -> int:
+    """What a resumable route costs next to a plain one: CPU per event, memory per stream.
+
+    The same interleaved windows for the plain sidecar, the sidecar on a
+    resumable route with the memory store and with Redis, and nginx; then
+    idle streams in a fresh process of each sidecar.
+    """
+    from bench.scenarios import compare
+
+    plan = dataclasses.replace(FULL, idle_counts=(args.idle,))
+    bench = Bench(plan, RESUME_PATHS)
+    started = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    bench.start()
+    levels: dict[int, dict[str, object]] = {}
+    try:
+        for streams in args.streams:
+            per_path = bench.load_level(streams, args.tps, args.seconds, args.rounds, bench.live())
+            compare(per_path)
+            levels[streams] = per_path
+        bench.paths.pop("nginx").stop()  # idle memory of the sidecars only
+        bench.idle_memory()
+    finally:
+        bench.stop()
+    idle = bench.results.get("d_idle_memory", {}).get("per_path", {})
+    rows = [
+        f"Command: `python -m bench resume-cost` ({started.isoformat()}); "
+        f"{args.rounds} interleaved rounds of {args.seconds:g} s per level, "
+        f"each stream at its own phase; idle memory with {args.idle} open.",
+        "",
+        "| figure | plain sidecar | resumable, memory store | resumable, Redis | nginx |",
+        "|---|---|---|---|---|",
+    ]
+    for streams, per_path in levels.items():
+        cpu = {n: per_path.get(n, {}).get("proxy_cpu_us_per_event") for n in RESUME_PATHS}  # type: ignore[union-attr]
+        cells = [_cpu_cell(n, cpu[n], cpu["sidecar-uvloop"]) for n in RESUME_PATHS[1:]]
+        rows.append(f"| CPU per event, {streams:,} × {args.tps:g}/s | " + " | ".join(cells) + " |")
+    memory = {n: idle.get(n, {}).get("kib_per_stream") for n in RESUME_PATHS[1:4]}
+    rows.append(
+        f"| resident memory per idle stream, {args.idle:,} open | "
+        + " | ".join(f"{memory[n]} KiB" if memory[n] else "–" for n in RESUME_PATHS[1:4])
+        + " | – |"
+    )
+    table = "\n".join(rows)
+    out = REPO / "bench" / "results" / f"resume-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out.write_text(
+        json.dumps({"levels": levels, "idle": idle, "table": table}, indent=1, default=str) + "\n"
+    )
+    print(table)
+    print(f"bench: wrote {out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -190,6 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     profile_parser.add_argument(
         "--memory", action="store_true", help="tracemalloc per idle stream (in-process sidecar)"
     )
+    resume_parser = commands.add_parser(
+        "resume-cost", help="a resumable route (memory store, Redis) against a plain one"
+    )
+    resume_parser.add_argument(
+        "--streams", type=lambda v: [int(x) for x in v.split(",")], default=[500, 1000]
+    )
+    resume_parser.add_argument("--tps", type=float, default=20.0)
+    resume_parser.add_argument("--seconds", type=float, default=8.0)
+    resume_parser.add_argument("--rounds", type=int, default=2)
+    resume_parser.add_argument("--idle", type=int, default=1000)
     experiment_parser = commands.add_parser(
         "experiment", help="a proposed hot-path change (bench/experiments.py) against the sidecar"
     )
@@ -213,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args)
+    if args.command == "resume-cost":
+        return resume_cost(args)
     if args.command == "experiment":
         return experiment(args)
     if args.command == "report":
