@@ -12,7 +12,11 @@ A path is a way from the load client to the upstream:
 - ``fastapi-mw``: a FastAPI gateway with ``StreamWardenMiddleware`` under
   uvicorn (:mod:`bench.gateway`);
 - ``fastapi``: the same gateway without the middleware, so the middleware's
-  own share can be told from the gateway's.
+  own share can be told from the gateway's;
+- ``floor`` and ``floor-httptools`` (not in a default run; ask for them by
+  name): the thinnest streaming proxy Python on uvloop can be
+  (:mod:`bench.floor`), raw bytes, or with httptools parsing the response:
+  the lower bound of any Python/uvloop proxy on this machine.
 
 Every process listens on a loopback port chosen at start, runs with a
 raised descriptor limit, and is one OS process whose CPU time and resident
@@ -35,10 +39,13 @@ from pathlib import Path
 from bench import procfs
 from bench.wire import Head, get
 
-__all__ = ["ALL_PATHS", "PROXIES", "Running", "free_port", "start_path", "start_upstream"]
+__all__ = ["ALL_PATHS", "EXTRA_PATHS", "KNOWN_PATHS", "PROXIES", "Running", "free_port", "start_path", "start_upstream"]
 
 ALL_PATHS = ("direct", "sidecar", "sidecar-uvloop", "nginx", "fastapi-mw", "fastapi")
 PROXIES = ALL_PATHS[1:]
+#: Paths a run loads only when asked for by name (``--paths``, ``Bench(...)``).
+EXTRA_PATHS = ("floor", "floor-httptools")
+KNOWN_PATHS = ALL_PATHS + EXTRA_PATHS
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,6 +56,8 @@ _DESCRIPTIONS = {
     "nginx": "nginx, 1 worker, proxy_buffering off, HTTP/1.1 keep-alive upstream",
     "fastapi-mw": "FastAPI gateway + StreamWardenMiddleware under uvicorn",
     "fastapi": "the same FastAPI gateway without the middleware",
+    "floor": "bench.floor: bytes forwarded as read, uvloop, no parsing (Python's floor)",
+    "floor-httptools": "bench.floor --httptools: the floor plus httptools on the response",
 }
 
 _NGINX_CONF = """\
@@ -274,6 +283,20 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         process = _popen([binary, "-p", str(tmp), "-c", str(conf)], log)
         running = Running(name, port, description, process, log)
         running.details["config"] = str(conf)
+    elif name in ("floor", "floor-httptools"):
+        args = [
+            sys.executable,
+            "-m",
+            "bench.floor",
+            "--listen",
+            f"{HOST}:{port}",
+            "--upstream",
+            f"{HOST}:{upstream.port}",
+        ]
+        if name == "floor-httptools":
+            args.append("--httptools")
+        process = _popen(args, log)
+        running = Running(name, port, description, process, log, [process.pid])
     elif name in ("fastapi-mw", "fastapi"):
         args = [
             sys.executable,
