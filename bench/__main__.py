@@ -28,7 +28,13 @@ from bench.scenarios import FULL, QUICK, Bench
 
 def _paths(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in KNOWN_PATHS]
+    unknown = [
+        n
+        for n in names
+        if n not in KNOWN_PATHS
+        and not n.startswith("floor-burn")
+        and n.split("+")[0] not in ("sidecar", "sidecar-uvloop")
+    ]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown path(s) {unknown}; known: {list(KNOWN_PATHS)}")
     if "direct" not in names:
@@ -238,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         help="every stream's events in one decode step (scenario g), not each at its own phase",
     )
     profile_parser.add_argument(
+        "--native", action="store_true", help="C frames too (py-spy --native)"
+    )
+    profile_parser.add_argument(
         "--requests", type=int, default=0, help="profile N sequential requests instead of streams"
     )
     profile_parser.add_argument(
@@ -289,7 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory:
         return memory_profile(args.streams)
     return profile(
-        args.path, args.streams, args.tps, args.seconds, args.out, args.requests, args.align
+        args.path,
+        args.streams,
+        args.tps,
+        args.seconds,
+        args.out,
+        args.requests,
+        args.align,
+        args.native,
     )
 
 

@@ -25,6 +25,9 @@ One ``asyncio.Protocol`` per client connection. Two modes:
 Back-pressure: the client transport's ``pause_writing`` pauses reading the
 upstream, ``resume_writing`` resumes it; no per-event cost.
 
+``floor-burnN`` (path): the raw floor plus N µs of busy Python per
+upstream read, a stand-in for a proxy's own work per event.
+
 Run: ``python -m bench.floor --listen 127.0.0.1:PORT --upstream HOST:PORT
 [--httptools]``.
 """
@@ -36,6 +39,7 @@ import asyncio
 import signal
 import socket
 import sys
+from time import perf_counter
 from typing import Any
 
 from bench import procfs
@@ -56,6 +60,27 @@ class Upstream(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        client = self.client
+        if client is not None:
+            client.transport.write(data)
+
+
+class BurningUpstream(Upstream):
+    """The floor plus ``burn`` seconds of busy Python per read, before the write.
+
+    Stands in for a proxy's own per-event work: whether CPU per event is
+    then the floor's plus the burn, or more (the kernel's share growing as
+    the proxy gets busier), says how much of a slower proxy's excess is its
+    own code.
+    """
+
+    __slots__ = ()
+    burn = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        end = perf_counter() + self.burn
+        while perf_counter() < end:
+            pass
         client = self.client
         if client is not None:
             client.transport.write(data)
@@ -229,8 +254,9 @@ class Floor:
                 )
             upstream.client = client
             return upstream
+        kind = BurningUpstream if BurningUpstream.burn else Upstream
         _, upstream = await self.loop.create_connection(
-            lambda: Upstream(client), self.host, self.port
+            lambda: kind(client), self.host, self.port
         )
         return upstream
 
@@ -258,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, help="HOST:PORT")
     parser.add_argument("--upstream", required=True, help="HOST:PORT")
     parser.add_argument("--httptools", action="store_true", help="parse the response")
+    parser.add_argument("--burn-us", type=float, default=0.0, help="busy Python per read (raw)")
     args = parser.parse_args(argv)
+    BurningUpstream.burn = args.burn_us / 1e6
     procfs.raise_fd_limit()
     procfs.run(serve(_address(args.listen), _address(args.upstream), args.httptools))
     return 0

@@ -231,7 +231,10 @@ def start_path(name: str, upstream: Running, workdir: Path) -> Running:
 def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
     """Start one path's process without waiting for it (paths start side by side)."""
     base, *patches = name.split("+")
-    description = _DESCRIPTIONS[base] + (
+    burn = name[len("floor-burn") :] if name.startswith("floor-burn") else ""
+    if burn:
+        base = "floor"
+    description = _DESCRIPTIONS[base] + (f", plus {burn} us of busy Python per read" if burn else "") + (
         f", with runtime patch(es) {', '.join(patches)} (bench/experiments.py)" if patches else ""
     )
     if name == "direct":
@@ -283,7 +286,7 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         process = _popen([binary, "-p", str(tmp), "-c", str(conf)], log)
         running = Running(name, port, description, process, log)
         running.details["config"] = str(conf)
-    elif name in ("floor", "floor-httptools"):
+    elif base == "floor" or name == "floor-httptools":
         args = [
             sys.executable,
             "-m",
@@ -295,6 +298,8 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         ]
         if name == "floor-httptools":
             args.append("--httptools")
+        if burn:
+            args += ["--burn-us", burn]
         process = _popen(args, log)
         running = Running(name, port, description, process, log, [process.pid])
     elif name in ("fastapi-mw", "fastapi"):
