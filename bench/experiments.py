@@ -9,6 +9,7 @@ for a change, never the change itself: the product code stays as it is.
 
 - ``no-gap-metrics``: no Prometheus histogram observation per content
   event (the inter-token gap); shows what that observation costs.
+- ``noop``: no change; the control for the runner itself.
 - ``no-digit-scan``: orjson for every event, without the scan for
   19-digit runs first; an upper bound of what a cheaper guard would win.
 - ``no-batch``: the stream driver writes each HTTP chunk's events at once
@@ -71,7 +72,7 @@ def _no_digit_scan() -> None:
     import streamwarden.dialects as dialects
     from streamwarden.dialects import base
 
-    orjson_loads = base._orjson_loads
+    orjson_loads = base.__dict__["_orjson_loads"]
     stdlib = base._load_json_stdlib
 
     def load_json(data: str) -> Any:
@@ -86,10 +87,15 @@ def _no_digit_scan() -> None:
             module.load_json = load_json  # type: ignore[attr-defined]
 
 
+def _noop() -> None:
+    """Nothing: the control, the sidecar started through this runner unpatched."""
+
+
 PATCHES: dict[str, Callable[[], None]] = {
     "no-batch": _no_batch,
     "no-gap-metrics": _no_gap_metrics,
     "no-digit-scan": _no_digit_scan,
+    "noop": _noop,
 }
 
 

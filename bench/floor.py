@@ -237,7 +237,7 @@ class Client(asyncio.Protocol):
 
 
 class Floor:
-    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, parsed: bool):
+    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, parsed: bool) -> None:
         self.loop = loop
         self.host = host
         self.port = port
@@ -255,10 +255,8 @@ class Floor:
             upstream.client = client
             return upstream
         kind = BurningUpstream if BurningUpstream.burn else Upstream
-        _, upstream = await self.loop.create_connection(
-            lambda: kind(client), self.host, self.port
-        )
-        return upstream
+        _, raw = await self.loop.create_connection(lambda: kind(client), self.host, self.port)
+        return raw
 
 
 async def serve(listen: tuple[str, int], upstream: tuple[str, int], parsed: bool) -> None:

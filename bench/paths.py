@@ -39,7 +39,16 @@ from pathlib import Path
 from bench import procfs
 from bench.wire import Head, get
 
-__all__ = ["ALL_PATHS", "EXTRA_PATHS", "KNOWN_PATHS", "PROXIES", "Running", "free_port", "start_path", "start_upstream"]
+__all__ = [
+    "ALL_PATHS",
+    "EXTRA_PATHS",
+    "KNOWN_PATHS",
+    "PROXIES",
+    "Running",
+    "free_port",
+    "start_path",
+    "start_upstream",
+]
 
 ALL_PATHS = ("direct", "sidecar", "sidecar-uvloop", "nginx", "fastapi-mw", "fastapi")
 PROXIES = ALL_PATHS[1:]
@@ -234,9 +243,11 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
     burn = name[len("floor-burn") :] if name.startswith("floor-burn") else ""
     if burn:
         base = "floor"
-    description = _DESCRIPTIONS[base] + (f", plus {burn} us of busy Python per read" if burn else "") + (
-        f", with runtime patch(es) {', '.join(patches)} (bench/experiments.py)" if patches else ""
-    )
+    description = _DESCRIPTIONS[base]
+    if burn:
+        description += f", plus {burn} us of busy Python per read"
+    if patches:
+        description += f", with runtime patch(es) {', '.join(patches)} (bench/experiments.py)"
     if name == "direct":
         return Running(name, upstream.port, description)
     port = free_port()

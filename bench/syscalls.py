@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tps", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--align", action="store_true")
-    parser.add_argument("--tool", choices=("strace", "perf", "perf-record", "perf-record-g"), default="perf")
+    parser.add_argument(
+        "--tool", choices=("strace", "perf", "perf-record", "perf-record-g"), default="perf"
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-syscalls"))
     args = parser.parse_args(argv)
     names = [n for n in args.paths.split(",") if n]
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             tracers: list[subprocess.Popen[bytes]] = []
             timer = threading.Timer(
                 delay,
-                lambda command=command: tracers.append(
+                lambda command=command, tracers=tracers: tracers.append(
                     subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 ),
             )
@@ -120,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                 ).stdout  # fmt: skip
                 print("\n".join(ln for ln in by_dso.splitlines() if ln and ln[0] != "#"))
                 report = subprocess.run(
-                    ["perf", "report", "-i", str(out), "--stdio", "--sort", "dso,sym",
-                     "-g", "none", "--percent-limit", "0.7"],  # fmt: skip
+                    [
+                        *("perf", "report", "-i", str(out), "--stdio", "--sort", "dso,sym"),
+                        *("-g", "none", "--percent-limit", "0.7"),
+                    ],
                     capture_output=True,
                     text=True,
                     timeout=120,
@@ -144,4 +148,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
