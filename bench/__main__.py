@@ -21,17 +21,22 @@ import os
 import sys
 from pathlib import Path
 
-from bench.paths import ALL_PATHS, EXTRA_PATHS, REPO
+from bench.paths import ALL_PATHS, KNOWN_PATHS, REPO
 from bench.report import SIDECARS, environment, evaluate_targets, markdown, plot
 from bench.scenarios import FULL, QUICK, Bench
 
 
 def _paths(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    known = ALL_PATHS + EXTRA_PATHS
-    unknown = [n for n in names if n not in known]
+    unknown = [
+        n
+        for n in names
+        if n not in KNOWN_PATHS
+        and not n.startswith("floor-burn")
+        and n.split("+")[0] not in ("sidecar", "sidecar-uvloop")
+    ]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown path(s) {unknown}; known: {list(known)}")
+        raise argparse.ArgumentTypeError(f"unknown path(s) {unknown}; known: {list(KNOWN_PATHS)}")
     if "direct" not in names:
         names.insert(0, "direct")  # the baseline every comparison needs
     return names
@@ -209,6 +214,59 @@ def resume_cost(args: argparse.Namespace) -> int:
     )
     print(table)
     print(f"bench: wrote {out}", file=sys.stderr)
+
+
+def compare_paths(args: argparse.Namespace) -> int:
+    """Named paths at load levels, interleaved rounds, CPU per event as a ratio to nginx's.
+
+    Each ratio is of windows of the same round (the machine is shared, and
+    drifts: a ratio within a round is what holds up). Prints one JSON line
+    per level after the human-readable lines, for the record.
+    """
+    from bench.scenarios import compare
+
+    names = args.paths
+    bench = Bench(FULL, names)
+    bench.start()
+    out = []
+    try:
+        for streams in args.streams:
+            for align in [False, True] if args.both else [args.align]:
+                per_path = bench.load_level(
+                    streams, args.tps, args.seconds, args.rounds, bench.live(), align=align
+                )
+                compare(per_path)
+                shape = "aligned" if align else "own phase"
+                nginx = per_path.get("nginx", {}).get("windows", [])
+                print(f"{streams} streams x {args.tps:g}/s, {shape}, {args.rounds} rounds:")
+                level = {"streams": streams, "tps": args.tps, "aligned": align, "paths": {}}
+                for name, entry in per_path.items():
+                    if name == "direct":
+                        continue
+                    cpu = [w.get("proxy_cpu_us_per_event") for w in entry["windows"]]
+                    ratios = [
+                        round(c / n["proxy_cpu_us_per_event"], 2)
+                        if c and "proxy_cpu_us_per_event" in n and n["proxy_cpu_us_per_event"]
+                        else None
+                        for c, n in zip(cpu, nginx, strict=False)
+                    ]
+                    other = [w.get("other_cpu_util") for w in entry["windows"]]
+                    print(
+                        f"  {name:<16} CPU/event {entry.get('proxy_cpu_us_per_event')} us "
+                        f"windows {cpu} x nginx per round {ratios} other {other} "
+                        f"p99 {entry['latency_ms']['p99']} ms "
+                        f"delivered {entry.get('delivered_events_per_s')}"
+                    )
+                    level["paths"][name] = {
+                        "cpu_us_per_event": cpu,
+                        "x_nginx": ratios,
+                        "other_cpu_util": other,
+                        "p99_ms": entry["latency_ms"]["p99"],
+                    }
+                out.append(level)
+                print("JSON " + json.dumps(level), flush=True)
+    finally:
+        bench.stop()
     return 0
 
 
@@ -248,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         help="every stream's events in one decode step (scenario g), not each at its own phase",
     )
     profile_parser.add_argument(
+        "--native", action="store_true", help="C frames too (py-spy --native)"
+    )
+    profile_parser.add_argument(
         "--requests", type=int, default=0, help="profile N sequential requests instead of streams"
     )
     profile_parser.add_argument(
@@ -283,7 +344,21 @@ def main(argv: list[str] | None = None) -> int:
     experiment_parser.add_argument(
         "--cancel", type=int, default=0, help="also N cancel samples per variant (scenario e)"
     )
+    compare_parser = commands.add_parser(
+        "compare", help="named paths (e.g. floor) A/B, CPU per event per round as x nginx"
+    )
+    compare_parser.add_argument("--paths", type=_paths, required=True)
+    compare_parser.add_argument(
+        "--streams", type=lambda v: [int(x) for x in v.split(",")], default=[500]
+    )
+    compare_parser.add_argument("--tps", type=float, default=20.0)
+    compare_parser.add_argument("--seconds", type=float, default=8.0)
+    compare_parser.add_argument("--rounds", type=int, default=2)
+    compare_parser.add_argument("--align", action="store_true", help="one decode step")
+    compare_parser.add_argument("--both", action="store_true", help="own phase, then aligned")
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        return compare_paths(args)
     if args.command == "run":
         return run(args)
     if args.command == "resume-cost":
@@ -297,7 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory:
         return memory_profile(args.streams)
     return profile(
-        args.path, args.streams, args.tps, args.seconds, args.out, args.requests, args.align
+        args.path,
+        args.streams,
+        args.tps,
+        args.seconds,
+        args.out,
+        args.requests,
+        args.align,
+        args.native,
     )
 
 

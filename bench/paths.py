@@ -13,11 +13,16 @@ A path is a way from the load client to the upstream:
   uvicorn (:mod:`bench.gateway`);
 - ``fastapi``: the same gateway without the middleware, so the middleware's
   own share can be told from the gateway's;
-- ``sidecar-resume`` and ``sidecar-resume-redis`` (not in a full run by
-  default): ``sidecar-uvloop`` on a resumable route (``on_client_gone:
-  detach``: every event gets an id and goes to the resume store), with the
-  memory store or a Redis (Debian's ``redis-server``, started for the path;
-  its own CPU is not the sidecar's and is not counted).
+- ``sidecar-resume`` and ``sidecar-resume-redis`` (not in a default run;
+  ask for them by name): ``sidecar-uvloop`` on a resumable route
+  (``on_client_gone: detach``: every event gets an id and goes to the
+  resume store), with the memory store or a Redis (Debian's
+  ``redis-server``, started for the path; its own CPU is not the
+  sidecar's and is not counted);
+- ``floor`` and ``floor-httptools`` (not in a default run; ask for them by
+  name): the thinnest streaming proxy Python on uvloop can be
+  (:mod:`bench.floor`), raw bytes, or with httptools parsing the response:
+  the lower bound of any Python/uvloop proxy on this machine.
 
 Every process listens on a loopback port chosen at start, runs with a
 raised descriptor limit, and is one OS process whose CPU time and resident
@@ -43,6 +48,7 @@ from bench.wire import Head, get
 __all__ = [
     "ALL_PATHS",
     "EXTRA_PATHS",
+    "KNOWN_PATHS",
     "PROXIES",
     "Running",
     "free_port",
@@ -52,6 +58,9 @@ __all__ = [
 
 ALL_PATHS = ("direct", "sidecar", "sidecar-uvloop", "nginx", "fastapi-mw", "fastapi")
 PROXIES = ALL_PATHS[1:]
+#: Paths a run loads only when asked for by name (``--paths``, ``Bench(...)``).
+EXTRA_PATHS = ("floor", "floor-httptools", "sidecar-resume", "sidecar-resume-redis")
+KNOWN_PATHS = ALL_PATHS + EXTRA_PATHS
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,9 +73,9 @@ _DESCRIPTIONS = {
     "fastapi": "the same FastAPI gateway without the middleware",
     "sidecar-resume": "streamwarden run --uvloop, on_client_gone: detach, memory store",
     "sidecar-resume-redis": "streamwarden run --uvloop, on_client_gone: detach, Redis store",
+    "floor": "bench.floor: bytes forwarded as read, uvloop, no parsing (Python's floor)",
+    "floor-httptools": "bench.floor --httptools: the floor plus httptools on the response",
 }
-#: Paths a run takes only when asked for (``--paths``).
-EXTRA_PATHS = ("sidecar-resume", "sidecar-resume-redis")
 
 _NGINX_CONF = """\
 worker_processes 1;
@@ -269,9 +278,14 @@ def start_path(name: str, upstream: Running, workdir: Path) -> Running:
 def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
     """Start one path's process without waiting for it (paths start side by side)."""
     base, *patches = name.split("+")
-    description = _DESCRIPTIONS[base] + (
-        f", with runtime patch(es) {', '.join(patches)} (bench/experiments.py)" if patches else ""
-    )
+    burn = name[len("floor-burn") :] if name.startswith("floor-burn") else ""
+    if burn:
+        base = "floor"
+    description = _DESCRIPTIONS[base]
+    if burn:
+        description += f", plus {burn} us of busy Python per read"
+    if patches:
+        description += f", with runtime patch(es) {', '.join(patches)} (bench/experiments.py)"
     if name == "direct":
         return Running(name, upstream.port, description)
     port = free_port()
@@ -329,6 +343,22 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         process = _popen([binary, "-p", str(tmp), "-c", str(conf)], log)
         running = Running(name, port, description, process, log)
         running.details["config"] = str(conf)
+    elif base == "floor" or name == "floor-httptools":
+        args = [
+            sys.executable,
+            "-m",
+            "bench.floor",
+            "--listen",
+            f"{HOST}:{port}",
+            "--upstream",
+            f"{HOST}:{upstream.port}",
+        ]
+        if name == "floor-httptools":
+            args.append("--httptools")
+        if burn:
+            args += ["--burn-us", burn]
+        process = _popen(args, log)
+        running = Running(name, port, description, process, log, [process.pid])
     elif name in ("fastapi-mw", "fastapi"):
         args = [
             sys.executable,

@@ -69,11 +69,14 @@ def profile(
     out: Path | None,
     requests: int = 0,
     align: bool = False,
+    native: bool = False,
 ) -> int:
     """Profile ``path`` under a stream load, or under ``requests`` sequential requests if > 0.
 
     ``align``: the streams' events in one decode step (scenario g's shape)
-    instead of each stream at its own phase (scenario b's).
+    instead of each stream at its own phase (scenario b's). ``native``: C
+    frames too (py-spy ``--native``; it stops the process for each sample,
+    so the window's CPU figures are inflated).
     """
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if path in ("nginx",) or not Path(spy).exists():
@@ -82,6 +85,8 @@ def profile(
     label = f"{requests}-requests" if requests else f"{streams}x{tps:g}"
     if align and not requests:
         label += "-aligned"
+    if native:
+        label += "-native"
     out = out or REPO / "bench" / "results" / "profiles" / f"{path}-{label}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     bench = Bench(FULL, ["direct", path])
@@ -102,7 +107,7 @@ def profile(
             "250",
             "--format",
             "raw",
-            "--nonblocking",
+            *(["--native"] if native else ["--nonblocking"]),
             "--output",
             str(out),
         ]
