@@ -25,9 +25,10 @@ TRICKY = [
     '{"a":1} trailing',
     "1e400",
     "-0",
-    '{"n": 20000000000000000000}',  # past 64 bits: orjson alone gives 2e+19
-    "-9223372036854775809",
+    '{"n": 18446744073709551615}',  # 2**64 - 1: still exact in both
 ]
+#: Past 64 bits orjson gives a float where json keeps an exact integer.
+HUGE = ['{"n": 20000000000000000000}', "-9223372036854775809"]
 
 
 def _same(data: str) -> None:
@@ -61,6 +62,26 @@ json_values = st.recursive(
 @given(json_values)
 def test_any_json_document_parses_the_same(value: Any) -> None:
     _same(json.dumps(value))
+
+
+@pytest.mark.parametrize("data", HUGE)
+def test_integers_past_64_bits_differ_but_no_dialect_counts_them(data: str) -> None:
+    assert repr(base._load_json_fast(data)) != repr(base._load_json_stdlib(data))
+    for parsed in (base._load_json_fast(data), base._load_json_stdlib(data)):
+        value = parsed["n"] if isinstance(parsed, dict) else parsed
+        assert base.as_int(value) is None
+
+
+def test_a_huge_usage_count_is_no_count_with_either_parser(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streamwarden.dialects import openai_chat
+    from streamwarden.sse import Event
+
+    event = Event("message", '{"choices":[],"usage":{"completion_tokens":20000000000000000000}}')
+    assert openai_chat.OpenAIChat().inspect(event).output_tokens is None
+    monkeypatch.setattr(openai_chat, "load_json", base._load_json_stdlib)
+    assert openai_chat.OpenAIChat().inspect(event).output_tokens is None
 
 
 @given(st.text(max_size=64))

@@ -221,7 +221,10 @@ class StoredStream:
         self.stream_id = stream_id
         self.owner = owner
         self.dialect = dialect
-        self.events: deque[tuple[int, bytes]] = deque()
+        # Only the bytes: sequence numbers are contiguous from first_seq, and
+        # bytes (unlike tuples) are not tracked by the garbage collector,
+        # whose passes over millions of stored events would pause every stream.
+        self.events: deque[bytes] = deque()
         self.bytes = 0
         #: The sequence number of the oldest event still held.
         self.first_seq = 1
@@ -237,11 +240,16 @@ class StoredStream:
 
     # JournalSink
     def append(self, seq: int, data: bytes) -> None:
-        self.events.append((seq, data))
+        self.events.append(data)
         self.last_seq = seq
-        self.bytes += len(data)
-        self._store._grew(self, len(data))
-        self._notify()
+        size = len(data)
+        self.bytes += size
+        store = self._store
+        store.total_bytes += size
+        if self.bytes > store.max_stream_bytes or store.total_bytes > store.max_total_bytes:
+            store._trim(self)
+        if self._listeners:
+            self._notify()
 
     def end(self, state: str, dialect: str) -> None:
         if self.ended is None:
@@ -258,7 +266,8 @@ class StoredStream:
         if seq >= self.last_seq:
             return []
         skip = seq + 1 - self.first_seq
-        return [data for _, data in list(self.events)[skip:]]
+        events = self.events
+        return [events[i] for i in range(skip, len(events))]
 
     def listen(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
@@ -268,8 +277,8 @@ class StoredStream:
             self._listeners.remove(callback)
 
     def evict_front(self) -> None:
-        seq, data = self.events.popleft()
-        self.first_seq = seq + 1
+        data = self.events.popleft()
+        self.first_seq += 1
         self.bytes -= len(data)
         self._store.total_bytes -= len(data)
 
@@ -331,8 +340,7 @@ class MemoryStore:
                 break
             self._drop(stored)
 
-    def _grew(self, stored: StoredStream, size: int) -> None:
-        self.total_bytes += size
+    def _trim(self, stored: StoredStream) -> None:
         while stored.bytes > self.max_stream_bytes and len(stored.events) > 1:
             stored.evict_front()
         while self.total_bytes > self.max_total_bytes:

@@ -14,7 +14,6 @@ is optional (NDJSON) can learn from the stream which variant it is.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -92,21 +91,18 @@ def _load_json_fast(data: str) -> Any:
     Parsing each event's JSON is the largest share of the relay's own cost
     per event, and orjson does it in about a third of the time. What orjson
     refuses and ``json`` accepts (``NaN``, lone surrogates) goes to
-    ``json``, and so does text with a run of 19 or more digits: orjson reads
-    integers past 64 bits as floats, where ``json`` keeps them exact (the
-    scan costs far less than the parse it saves; digits inside a string only
-    send that event down the slower path, to the same result).
+    ``json``. The two differ on one thing: orjson reads an integer past 64
+    bits as a float, where ``json`` keeps it exact. No field a dialect reads
+    is a number that large (a token count past 2**63 is not a count:
+    :func:`as_int` takes it from neither), so the observations are the same.
+    A scan for long digit runs to send such text to ``json`` cost 2 µs per
+    event, more than orjson's whole parse, and every stream whose ids carry
+    a nanosecond timestamp paid for the slow path too.
     """
-    if _LONG_DIGITS.search(data) is not None:
-        return _load_json_stdlib(data)
     try:
         return _orjson_loads(data)
     except ValueError:
         return _load_json_stdlib(data)
-
-
-# 2**63 has 19 digits: anything that long may be past what orjson keeps exact.
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
 
 
 try:  # the ``fast`` extra
@@ -128,8 +124,12 @@ def sse_block(data: str, event: str | None = None) -> bytes:
     return f"{head}data: {data}\n\n".encode()
 
 
+#: Counts past this are not counts (and orjson would read them as floats).
+_MAX_COUNT = 2**63 - 1
+
+
 def as_int(value: object) -> int | None:
     """``value`` if it is an integer token count (bools excluded), else ``None``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT:
         return value
     return None
