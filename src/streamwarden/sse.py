@@ -189,6 +189,10 @@ class SSEFramer:
         """Consume ``chunk`` and return the frames it completed."""
         if self._failed:
             raise EventTooLarge(len(self._buf), self._limit or 0, [])
+        if not self._buf and not self._stream_start and not self._skip_lf:
+            whole = self._whole_event(chunk)
+            if whole is not None:
+                return whole
         buf = self._buf
         buf += chunk
         if self._stream_start:
@@ -289,6 +293,43 @@ class SSEFramer:
         if limit is not None and len(buf) > limit:
             self._fail(len(buf), frames)
         return frames
+
+    def _whole_event(self, chunk: bytes) -> list[Frame] | None:
+        """The one event ``chunk`` is, if it is exactly one plain event; else ``None``.
+
+        Most upstream reads are exactly one event (``data: ...`` or
+        ``event: ...`` then ``data: ...``, LF line ends) arriving with
+        nothing held: that read needs no buffer, no line loop and no copy.
+        Anything else (CR, more lines or events, other fields, a partial
+        block) takes the general path, to the same result.
+        """
+        n = len(chunk)
+        limit = self._limit
+        if (
+            n < 7
+            or not chunk.endswith(b"\n\n")
+            or (limit is not None and n > limit)
+            or b"\r" in chunk
+        ):
+            return None
+        first = chunk.find(b"\n")
+        if first == n - 2:
+            if not chunk.startswith(b"data:"):
+                return None
+            start = 6 if chunk[5] == _SPACE else 5
+            data = chunk[start:first].decode("utf-8", "replace")
+            return [Frame(chunk, Event("message", data, self._last_id))]
+        if chunk.find(b"\n", first + 1) != n - 2:
+            return None
+        if not chunk.startswith(b"event:") or not chunk.startswith(b"data:", first + 1):
+            return None
+        name_start = 7 if chunk[6] == _SPACE else 6
+        kind = chunk[name_start:first].decode("utf-8", "replace") or "message"
+        value = first + 6  # past "data:" on the second line
+        if chunk[value] == _SPACE:
+            value += 1
+        data = chunk[value : n - 2].decode("utf-8", "replace")
+        return [Frame(chunk, Event(kind, data, self._last_id))]
 
     def close(self) -> list[Frame]:
         """End of stream. An unterminated final block is dropped, not dispatched."""

@@ -28,7 +28,7 @@ from streamwarden.dialects.base import (
 )
 from streamwarden.sse import Event
 
-_DELTA_TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
+_DELTA_TEXT_FIELDS = frozenset({"content", "reasoning_content", "reasoning", "refusal"})
 
 
 class OpenAIChat(Dialect):
@@ -74,9 +74,9 @@ def _choices_text(choices: Any) -> str:
             continue
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            for field in _DELTA_TEXT_FIELDS:
-                value = delta.get(field)
-                if isinstance(value, str):
+            # A delta has one or two keys: look at those, not at every name.
+            for field, value in delta.items():
+                if field in _DELTA_TEXT_FIELDS and isinstance(value, str):
                     parts.append(value)
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
