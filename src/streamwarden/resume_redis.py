@@ -15,7 +15,10 @@ Layout, per stream id (all keys expire):
   where it runs.
 
 The live path never waits on Redis. A journal's writes go into one
-bounded queue that a single writer task sends in pipelined batches; when
+bounded queue that a single writer task sends in batches, each batch one
+call of a small Lua script (:data:`APPLY`) that makes all of its writes:
+one command and one reply per batch instead of one per event, which is
+what a pipeline of XADD commands costs the client in Python; when
 Redis is slow or down the queue fills and further writes are dropped
 (counted, logged at most once a minute), live streams go on untouched,
 new streams are not offered for resume (no ids, no header) until a write
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as redis_asyncio
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from streamwarden.config import Settings
@@ -49,7 +53,7 @@ log = logging.getLogger("streamwarden.resume")
 
 #: Most writes waiting for Redis; past it, writes are dropped (and counted).
 MAX_QUEUED_WRITES = 20_000
-#: Most writes sent in one pipelined round trip.
+#: Most writes sent in one call of the script.
 BATCH = 512
 #: Longest a resume's read may wait for Redis beyond its own wait.
 READ_TIMEOUT = 2.0
@@ -58,7 +62,26 @@ READ_COUNT = 256
 #: Where a replica asks the others to stop a stream (an owner's DELETE).
 STOP_CHANNEL = "streamwarden:stop"
 
-Command = tuple[Any, ...]
+#: One queued write: (operation, key, operand, operand); see APPLY.
+Command = tuple[str, str, Any, Any]
+
+#: Makes a batch of writes. KEYS[i] is the key of the i-th write and
+#: ARGV[3i-2..3i] its operation and operands: "a" XADD <id> d <data>, "z"
+#: XADD <id> end <state> (the stream's end), "h" HSET <field> <value>, "e"
+#: PEXPIRE <ms>, "t" XTRIM MINID <id>. pcall: one failed write (a stream
+#: whose Redis restarted under it) does not lose the rest of the batch.
+APPLY = """
+for i = 1, #KEYS do
+  local op, a, b = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  if op == "a" then redis.pcall("XADD", KEYS[i], a, "d", b)
+  elseif op == "z" then redis.pcall("XADD", KEYS[i], a, "end", b)
+  elseif op == "h" then redis.pcall("HSET", KEYS[i], a, b)
+  elseif op == "e" then redis.pcall("PEXPIRE", KEYS[i], a)
+  elseif op == "t" then redis.pcall("XTRIM", KEYS[i], "MINID", a)
+  end
+end
+return #KEYS
+"""
 
 
 def _keys(stream_id: str) -> tuple[str, str, str]:
@@ -90,7 +113,7 @@ class _RedisJournal:
     def append(self, seq: int, data: bytes) -> None:
         backend = self._backend
         events, meta, _ = self._keys
-        backend.enqueue(("XADD", events, f"{seq}-0", "d", data))
+        backend.enqueue(("a", events, f"{seq}-0", data))
         self._sizes.append(len(data))
         self._bytes += len(data)
         trimmed = False
@@ -99,20 +122,20 @@ class _RedisJournal:
             self._first_kept += 1
             trimmed = True
         if trimmed:
-            backend.enqueue(("XTRIM", events, "MINID", f"{self._first_kept}-0"))
+            backend.enqueue(("t", events, f"{self._first_kept}-0", ""))
         if seq % 64 == 1:
             # While it runs, a stream outlives its TTL (long answers).
-            backend.enqueue(("PEXPIRE", events, backend.live_ttl_ms))
-            backend.enqueue(("PEXPIRE", meta, backend.live_ttl_ms))
+            backend.enqueue(("e", events, backend.live_ttl_ms, ""))
+            backend.enqueue(("e", meta, backend.live_ttl_ms, ""))
 
     def end(self, state: str, dialect: str) -> None:
         backend = self._backend
         events, meta, _ = self._keys
         last = self._first_kept - 1 + len(self._sizes)
-        backend.enqueue(("XADD", events, f"{last}-1", "end", state))
-        backend.enqueue(("HSET", meta, "dialect", dialect))
-        backend.enqueue(("PEXPIRE", events, backend.ended_ttl_ms))
-        backend.enqueue(("PEXPIRE", meta, backend.ended_ttl_ms))
+        backend.enqueue(("z", events, f"{last}-1", state))
+        backend.enqueue(("h", meta, "dialect", dialect))
+        backend.enqueue(("e", events, backend.ended_ttl_ms, ""))
+        backend.enqueue(("e", meta, backend.ended_ttl_ms, ""))
 
 
 class RedisBackend:
@@ -130,6 +153,7 @@ class RedisBackend:
         self._queue: deque[Command] = deque()
         self._queued = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._apply: AsyncScript | None = None
         self._listener: asyncio.Task[None] | None = None
         #: Called with a stream id that another replica asked to stop.
         self.on_stop: Callable[[str], None] | None = None
@@ -145,6 +169,8 @@ class RedisBackend:
         self._client = redis_asyncio.Redis.from_url(
             self._url, socket_connect_timeout=1.0, health_check_interval=0
         )
+        # EVALSHA, loading the script again after a Redis restart (NOSCRIPT).
+        self._apply = self._client.register_script(APPLY)
         self._writer = asyncio.create_task(self._write_loop(), name="streamwarden-redis-writer")
         self._listener = asyncio.create_task(self._listen_for_stops(), name="streamwarden-stops")
 
@@ -174,8 +200,9 @@ class RedisBackend:
         if not self.healthy:
             return None  # nothing would be kept: the stream is not offered for resume
         _, meta, _ = _keys(stream_id)
-        self.enqueue(("HSET", meta, "owner", owner, "dialect", dialect))
-        self.enqueue(("PEXPIRE", meta, self.live_ttl_ms))
+        self.enqueue(("h", meta, "owner", owner))
+        self.enqueue(("h", meta, "dialect", dialect))
+        self.enqueue(("e", meta, self.live_ttl_ms, ""))
         return _RedisJournal(self, stream_id)
 
     def enqueue(self, command: Command) -> None:
@@ -204,18 +231,19 @@ class RedisBackend:
                 pause = min(pause * 2, 2.0)
 
     async def _flush(self) -> None:
-        assert self._client is not None
+        assert self._client is not None and self._apply is not None
         queue = self._queue
         batch = [queue.popleft() for _ in range(min(BATCH, len(queue)))]
         if not batch:
             await self._client.ping()
             return
+        keys = [command[1] for command in batch]
+        args: list[Any] = []
+        for op, _, first, second in batch:
+            args += (op, first, second)
         try:
             async with asyncio.timeout(READ_TIMEOUT):
-                pipe = self._client.pipeline(transaction=False)
-                for command in batch:
-                    pipe.execute_command(*command)
-                await pipe.execute(raise_on_error=False)
+                await self._apply(keys=keys, args=args)
         except BaseException:
             # Lost: the streams they belong to have a hole a resume reports.
             if self._metrics is not None:
