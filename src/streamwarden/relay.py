@@ -399,9 +399,13 @@ class Relay:
         meter.events_in += events
         journal = self.journal
         if journal is not None and not self.done:
-            out = b"".join(
-                strip_ids(f.raw) if f.event is None else journal.record(f.raw) for f in frames
-            )
+            if len(frames) == 1:
+                only = frames[0]
+                out = strip_ids(only.raw) if only.event is None else journal.record(only.raw)
+            else:
+                out = b"".join(
+                    [strip_ids(f.raw) if f.event is None else journal.record(f.raw) for f in frames]
+                )
             if not delivered:
                 return b""
         elif not delivered:

@@ -147,14 +147,16 @@ def _without_ids(raw: bytes) -> bytes:
 
 def stamp(raw: bytes, event_id: bytes) -> bytes:
     """One event block with the upstream's ``id`` lines removed and ``id: event_id`` last."""
+    return b"%bid: %b\n\n" % (_fields(raw), event_id)
+
+
+def _fields(raw: bytes) -> bytes:
+    """A block's field lines, without the empty line that ended it (nor id lines)."""
     block = _without_ids(raw)
-    # The block ends with the empty line that dispatched it: drop that one
-    # line end, so the last field line keeps its own.
-    if block.endswith(b"\r\n"):
-        block = block[:-2]
-    elif block.endswith((b"\n", b"\r")):
-        block = block[:-1]
-    return block + b"id: " + event_id + b"\n\n"
+    # Drop that one line end, so the last field line keeps its own.
+    if block.endswith(b"\n"):
+        return block[:-2] if block.endswith(b"\r\n") else block[:-1]
+    return block[:-1] if block.endswith(b"\r") else block
 
 
 def strip_ids(raw: bytes) -> bytes:
@@ -173,20 +175,20 @@ class JournalSink(Protocol):
 class Journal:
     """Numbers a resumable stream's events and writes each one to its store."""
 
-    __slots__ = ("_prefix", "_sink", "seq", "stream_id")
+    __slots__ = ("_id_field", "_sink", "seq", "stream_id")
 
     def __init__(self, stream_id: str, sink: JournalSink) -> None:
         self.stream_id = stream_id
         self._sink = sink
-        self._prefix = stream_id.encode() + b"."
+        self._id_field = b"id: " + stream_id.encode() + b"."
         #: The last event's sequence number (0: none yet).
         self.seq = 0
 
     def record(self, raw: bytes) -> bytes:
         """Stamp one event block with the next id, store it, and return it."""
-        self.seq += 1
-        out = stamp(raw, self._prefix + str(self.seq).encode())
-        self._sink.append(self.seq, out)
+        seq = self.seq = self.seq + 1
+        out = b"%b%b%d\n\n" % (_fields(raw), self._id_field, seq)
+        self._sink.append(seq, out)
         return out
 
     def end(self, state: str, dialect: str) -> None:
