@@ -80,7 +80,9 @@ class Event:
     id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__,
+# which made a frame cost three times as much to build, once per event.
+@dataclass(slots=True)
 class Frame:
     """The raw bytes of one complete block or line, and what it decoded to.
 

@@ -22,7 +22,9 @@ from streamwarden.sse import Event
 Framing = Literal["sse", "lines"]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, for the cost of building one per event (see sse.Frame); the
+# shared ones below are never changed.
+@dataclass(slots=True)
 class Observation:
     """What one event means to the relay.
 
