@@ -352,12 +352,16 @@ async def test_metrics_logs_and_the_mock_agree_on_every_count(
     logged_generated = sum(line["tokens_generated"] for line in lines)
     logged_delivered = sum(line["tokens_delivered"] for line in lines)
     assert logged_generated == mock_generated == 4 * 10 + 3 * 5 + 2 * 4 + 3 * 3
-    assert metrics[("streamwarden_tokens_generated_total", (("dialect", "openai-chat"),))] == (
-        logged_generated
-    )
-    assert metrics[("streamwarden_tokens_delivered_total", (("dialect", "openai-chat"),))] == (
-        logged_delivered
-    )
+
+    def summed(name: str) -> float:  # over the source label
+        return sum(
+            value
+            for (metric, labels), value in metrics.items()
+            if metric == name and ("dialect", "openai-chat") in labels
+        )
+
+    assert summed("streamwarden_tokens_generated_total") == logged_generated
+    assert summed("streamwarden_tokens_delivered_total") == logged_delivered
     synthesized = {
         code: metrics.get(("streamwarden_synthesized_errors_total", (("code", code),)), 0)
         for code in ("stream_truncated", "upstream_timeout")

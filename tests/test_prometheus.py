@@ -43,15 +43,16 @@ DESIGN_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "streamwarden_ttft_seconds": ("histogram", frozenset({"dialect"})),
     "streamwarden_inter_token_seconds": ("histogram", frozenset()),
     "streamwarden_stream_duration_seconds": ("histogram", frozenset({"dialect"})),
-    "streamwarden_tokens_generated_total": ("counter", frozenset({"dialect"})),
-    "streamwarden_tokens_delivered_total": ("counter", frozenset({"dialect"})),
-    "streamwarden_zombie_tokens_total": ("counter", frozenset({"dialect"})),
+    "streamwarden_tokens_generated_total": ("counter", frozenset({"dialect", "source"})),
+    "streamwarden_tokens_delivered_total": ("counter", frozenset({"dialect", "source"})),
+    "streamwarden_zombie_tokens_total": ("counter", frozenset({"dialect", "source"})),
     "streamwarden_cancel_propagation_seconds": ("histogram", frozenset()),
     "streamwarden_keepalives_total": ("counter", frozenset()),
     "streamwarden_synthesized_errors_total": ("counter", frozenset({"code"})),
 }
 # Labels whose values come from a small fixed set (or the configured routes).
-LOW_CARDINALITY_LABELS = {"dialect", "end_state", "route", "code", "le"}
+# source: provider, provider_partial or estimated (the token counters).
+LOW_CARDINALITY_LABELS = {"dialect", "end_state", "route", "code", "le", "source"}
 
 
 # -- streams -------------------------------------------------------------------
@@ -156,9 +157,13 @@ async def test_metrics_have_the_designed_names_types_labels_and_buckets(
     assert active.value == 0
     (cancels,) = samples["streamwarden_cancel_propagation_seconds_count"]
     assert cancels.value == 1
-    (delivered,) = samples["streamwarden_tokens_delivered_total"]
-    assert delivered.value == sum(r.meter.tokens_delivered for r in sidecar.tracker.finished)
-    assert delivered.value >= 8 + 2  # the whole answer, and at least two tokens of each cut
+    delivered = samples["streamwarden_tokens_delivered_total"]
+    # The whole answer's count is the provider's (usage injection); the cut
+    # streams' are estimated: one child per source.
+    assert {d.labels["source"] for d in delivered} == {"provider", "estimated"}
+    total = sum(d.value for d in delivered)
+    assert total == sum(r.meter.tokens_delivered for r in sidecar.tracker.finished)
+    assert total >= 8 + 2  # the whole answer, and at least two tokens of each cut
 
     # Buckets span the latencies of LLM streams: TTFT from a warm small model
     # (10 ms) to a 100K-token prefill (60 s); inter-token gaps from batched

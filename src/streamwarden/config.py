@@ -71,6 +71,10 @@ SIDECAR_ONLY = frozenset(
         "early_headers_after",
         "event_loop",
         "trusted_proxies",
+        # The middleware sits in front of the app, not of the provider: the
+        # app builds the provider's request itself.
+        "usage_injection",
+        "usage_injection_max_body_bytes",
     }
 )
 
@@ -216,6 +220,7 @@ class RouteSettings(BaseModel):
     early_headers_after: Duration | None = None
     on_client_gone: ClientGonePolicy | None = None
     resume_window: Duration | None = None
+    usage_injection: Literal["auto", "off"] | None = None
 
 
 class Settings(BaseModel):
@@ -293,6 +298,13 @@ class Settings(BaseModel):
     #: More request headers, besides the built-in credential ones, whose
     #: values make the owner of a resumable stream.
     resume_owner_headers: tuple[str, ...] = ()
+    #: ``auto``: ask an OpenAI-chat upstream for usage (``stream_options.
+    #: include_usage``) on streams whose client did not, and take what that
+    #: adds back out of the client's stream: exact token counts, unchanged
+    #: bytes (sidecar; per route).
+    usage_injection: Literal["auto", "off"] = "auto"
+    #: Largest request body usage injection rewrites; larger ones go unchanged.
+    usage_injection_max_body_bytes: Size = 1024 * 1024
     #: More media types to treat as event streams.
     stream_media_types: tuple[str, ...] = ()
     #: Peers (CIDRs) whose X-Forwarded-For, Forwarded and X-Real-IP are kept;
@@ -336,6 +348,7 @@ class Settings(BaseModel):
             early_headers_after=pick("early_headers_after"),
             on_client_gone=pick("on_client_gone"),
             resume_window=pick("resume_window"),
+            usage_injection=pick("usage_injection"),
         )
 
 
@@ -351,6 +364,7 @@ class ResolvedRoute:
     early_headers_after: float
     on_client_gone: str = "cancel"
     resume_window: float = 30.0
+    usage_injection: str = "auto"
 
     @property
     def resumable(self) -> bool:

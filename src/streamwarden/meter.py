@@ -187,6 +187,20 @@ class StreamMeter:
         return "estimate" if self._final_usage is None else "usage"
 
     @property
+    def tokens_source(self) -> str:
+        """Where the token counts come from (the metrics' ``source`` label).
+
+        ``provider``: the provider's final count (the stream reached its
+        terminal event with usage; an explicit zero stays zero);
+        ``provider_partial``: only a running count arrived, a lower bound
+        (the larger of it and the estimate is used); ``estimated``: no
+        count at all.
+        """
+        if self._final_usage is not None:
+            return "provider"
+        return "estimated" if self.usage_tokens is None else "provider_partial"
+
+    @property
     def tokens_generated(self) -> int:
         usage = self._final_usage
         if usage is not None:
@@ -223,6 +237,7 @@ class StreamMeter:
             "tokens_delivered": self.tokens_delivered,
             "tokens_zombie": self.tokens_zombie,
             "tokens_method": self.tokens_method,
+            "tokens_source": self.tokens_source,
             "inter_token_gap_max_s": _round(self.gap_max),
             "inter_token_gap_mean_s": _round(self.gap_sum / self.gap_count)
             if self.gap_count

@@ -120,22 +120,23 @@ class StreamMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        # source: provider (final usage), provider_partial (a lower bound), estimated.
         self.generated = Counter(
             "streamwarden_tokens_generated",
-            "Tokens generated upstream (provider usage, else estimated).",
-            ["dialect"],
+            "Tokens generated upstream, by where the count came from (source).",
+            ["dialect", "source"],
             registry=r,
         )
         self.delivered = Counter(
             "streamwarden_tokens_delivered",
-            "Tokens written to clients.",
-            ["dialect"],
+            "Tokens written to clients, by where the count came from (source).",
+            ["dialect", "source"],
             registry=r,
         )
         self.zombie = Counter(
             "streamwarden_zombie_tokens",
-            "Tokens the upstream sent after the client had gone.",
-            ["dialect"],
+            "Tokens the upstream sent after the client had gone, by source.",
+            ["dialect", "source"],
             registry=r,
         )
         self.cancel = Histogram(
@@ -225,9 +226,10 @@ class StreamMetrics:
             self.ttft.labels(dialect).observe(meter.ttft)
         if meter.duration is not None:
             self.duration.labels(dialect).observe(meter.duration)
-        self.generated.labels(dialect).inc(meter.tokens_generated)
-        self.delivered.labels(dialect).inc(meter.tokens_delivered)
-        self.zombie.labels(dialect).inc(meter.tokens_zombie)
+        source = meter.tokens_source
+        self.generated.labels(dialect, source).inc(meter.tokens_generated)
+        self.delivered.labels(dialect, source).inc(meter.tokens_delivered)
+        self.zombie.labels(dialect, source).inc(meter.tokens_zombie)
         if meter.cancel_propagation is not None:
             self.cancel.observe(meter.cancel_propagation)
         if meter.keepalives:

@@ -32,6 +32,7 @@ from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.refusals import refusal_body
 from streamwarden.resume import Journal, strip_ids
 from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer
+from streamwarden.usage import without_usage_null
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
 
@@ -107,6 +108,7 @@ class Relay:
         "_draining_for_meter",
         "_framer",
         "_framing",
+        "_injected_usage",
         "_last_upstream",
         "_last_write",
         "_limits",
@@ -129,8 +131,12 @@ class Relay:
         gap_observer: GapObserver | None = None,
         framing: Framing | None = None,
         journal: Journal | None = None,
+        injected_usage: bool = False,
     ) -> None:
         self._limits = limits
+        #: The face asked the upstream for usage the client did not ask for
+        #: (usage injection): take back what that added to the stream.
+        self._injected_usage = injected_usage
         #: On a resumable route: numbers and stores every event (ids stamped).
         self.journal = journal
         # The faces pass the framing their stream plan decided (it knows the
@@ -376,6 +382,7 @@ class Relay:
         delivered = not self._client_gone
         dialect = self._dialect
         events = 0
+        hidden: list[Frame] | None = None
         for frame in frames:
             event = frame.event
             if event is None:
@@ -387,6 +394,8 @@ class Relay:
             seen = dialect.inspect(event)
             if seen is NOTHING:
                 continue
+            if seen.usage_only and self._injected_usage:
+                hidden = [frame] if hidden is None else [*hidden, frame]
             if seen.text:
                 meter.content(seen.text, now, delivered=delivered)
             if seen.output_tokens is not None:
@@ -397,6 +406,12 @@ class Relay:
             if seen.error:
                 meter.upstream_reported_error = True
         meter.events_in += events
+        if self._injected_usage:
+            frames = _as_sent_without_injection(frames, hidden)
+            if hidden:
+                events -= len(hidden)
+            if not frames:
+                return b""
         journal = self.journal
         if journal is not None and not self.done:
             if len(frames) == 1:
@@ -445,3 +460,12 @@ class Relay:
             return b""
         self.meter.bytes_out += len(error)
         return error
+
+
+def _as_sent_without_injection(frames: list[Frame], hidden: list[Frame] | None) -> list[Frame]:
+    """The frames a client that never asked for usage would have received."""
+    return [
+        Frame(without_usage_null(f.raw), f.event)
+        for f in frames
+        if hidden is None or not any(f is h for h in hidden)
+    ]

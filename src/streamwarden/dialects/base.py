@@ -38,6 +38,9 @@ class Observation:
     output_tokens: int | None = None
     terminal: bool = False
     error: bool = False
+    #: The event only reports usage (OpenAI's ``"choices": []`` chunk): the
+    #: one a client that did not ask for usage must not see.
+    usage_only: bool = False
 
 
 #: The observation for events that mean nothing to the relay (pings,

@@ -46,12 +46,14 @@ class OpenAIChat(Dialect):
             return NOTHING
         if obj.get("error"):
             return UPSTREAM_ERROR
-        text = _choices_text(obj.get("choices"))
+        choices = obj.get("choices")
+        text = _choices_text(choices)
         usage = obj.get("usage")
         tokens = as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
         if not text and tokens is None:
             return NOTHING
-        return Observation(text=text, output_tokens=tokens)
+        usage_only = tokens is not None and choices == []
+        return Observation(text=text, output_tokens=tokens, usage_only=usage_only)
 
     def error_event(self, code: str, message: str) -> bytes:
         error = {"message": message, "type": "stream_error", "code": code, "param": None}

@@ -44,6 +44,7 @@ from streamwarden.resume_service import ResumeService
 from streamwarden.sidecar import resume as resuming
 from streamwarden.sidecar.driver import PassThrough, StreamDriver
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel, refuse
+from streamwarden.sidecar.injection import Buffered, Rewritten, UsageInjector, read_refusal
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 from streamwarden.sidecar.upstream import (
     BodyTooLarge,
@@ -53,12 +54,14 @@ from streamwarden.sidecar.upstream import (
     Origin,
     RequestBody,
     ResponseHead,
+    UpstreamBroken,
     UpstreamError,
     UpstreamPool,
     open_exchange,
     request_head,
 )
 from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
+from streamwarden.usage import refuses_stream_options
 
 __all__ = ["Proxy"]
 
@@ -113,6 +116,7 @@ class Proxy:
         self._websockets: WebSocketRelay | None = None
         self._trusted_networks = tuple(ipaddress.ip_network(n) for n in settings.trusted_proxies)
         self._metrics = metrics
+        self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
         #: Resumes and stops, when some route keeps its streams for a resume.
         self.resume: ResumeService | None = None
         if ResumeService.wanted(settings):
@@ -210,8 +214,18 @@ class Proxy:
         wants_stream = asks_for_stream(
             request.headers.get("Accept"), request.query_string, body_start
         )
-        body = self._request_body(request, body_start)
-        head = self._request_head(request, body)
+        rewritten: Rewritten | None = None
+        early = wants_stream and route.early_headers_after > 0
+        if (
+            wants_stream
+            and not early  # a refusal then is already an error event: nothing to retry
+            and request.body_exists
+            and self._injector.wanted(request, route)
+        ):
+            body_start, whole = await self._injector.read(request, body_start)
+            rewritten = self._injector.rewrite(body_start) if whole else None
+        body = self._request_body(request, body_start, rewritten)
+        head = self._request_head(request, body, rewritten)
         slot = NO_SLOT
         if wants_stream:
             held = self.tracker.admit(stream_limit)
@@ -219,8 +233,9 @@ class Proxy:
                 return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
             slot = held
         try:
-            early = wants_stream and route.early_headers_after > 0
-            return await self._forward(request, head, body, route, started, slot, early=early)
+            return await self._forward(
+                request, head, body, route, started, slot, early=early, rewritten=rewritten
+            )
         finally:
             slot.release()
 
@@ -234,30 +249,30 @@ class Proxy:
         slot: Slot,
         *,
         early: bool,
+        rewritten: Rewritten | None = None,
     ) -> web.StreamResponse:
         """Send the request upstream and relay or copy back what it answers.
 
         With ``early`` (a request that asked for a stream, on a route with
         ``early_headers_after``), a slow upstream gets the client ``200
-        text/event-stream`` and keep-alives while it thinks.
+        text/event-stream`` and keep-alives while it thinks. With
+        ``rewritten`` (usage injection), an upstream that refuses the
+        option gets the client's own request once more.
         """
         assert self.pool is not None
-        opening = asyncio.ensure_future(
-            open_exchange(
-                self.pool,
-                head,
-                body,
-                head_only=request.method == "HEAD",
-                headers_timeout=self.settings.upstream_headers_timeout,
-                idempotent=request.method in _IDEMPOTENT or "Idempotency-Key" in request.headers,
-            )
-        )
+        opening = asyncio.ensure_future(self._exchange(request, head, body))
+        injected = rewritten is not None
         try:
             if early:
                 await asyncio.wait({opening}, timeout=route.early_headers_after)
                 if not opening.done():
                     return await self._relay_early(request, opening, route, started, slot)
             exchange = await opening
+            if rewritten is not None and exchange.head.status == 400:
+                answered = await self._refused_injection(request, exchange, rewritten)
+                if isinstance(answered, Buffered):
+                    return _buffered_response(answered)
+                exchange, injected = answered, False
         except asyncio.CancelledError:
             opening.cancel()
             raise
@@ -269,7 +284,52 @@ class Proxy:
         if plan is None:
             slot.release()  # not a stream, whatever the request asked for
             return await self._pass_through(request, exchange, route)
-        return await self._relay(request, exchange, plan, route, started, slot)
+        return await self._relay(request, exchange, plan, route, started, slot, injected=injected)
+
+    def _exchange(
+        self, request: web.Request, head: bytes, body: RequestBody | None
+    ) -> Awaitable[Exchange]:
+        assert self.pool is not None
+        return open_exchange(
+            self.pool,
+            head,
+            body,
+            head_only=request.method == "HEAD",
+            headers_timeout=self.settings.upstream_headers_timeout,
+            idempotent=request.method in _IDEMPOTENT or "Idempotency-Key" in request.headers,
+        )
+
+    async def _refused_injection(
+        self, request: web.Request, exchange: Exchange, rewritten: Rewritten
+    ) -> Exchange | Buffered:
+        """A 400 to a request the sidecar asked usage for: the option's fault, or the request's?
+
+        If it names ``stream_options`` (old vLLM), the client's own request
+        goes again, unchanged, and the upstream is left alone for a while;
+        any other 400 is the client's, passed on as it came.
+        """
+        upstream = exchange.head
+        text, whole = await read_refusal(exchange)
+        if not refuses_stream_options(upstream.status, text):
+            if not whole:
+                raise UpstreamBroken("the upstream's 400 answer was cut or too long to relay")
+            headers = [
+                (n, v)
+                for n, v in drop_hop_by_hop(upstream.headers.items())
+                if n.lower() != "content-length"
+            ]
+            return Buffered(upstream.status, upstream.reason, headers, text)
+        self._injector.refused()
+        log.info("the upstream refused stream_options: requests go unchanged there for a while")
+        original = RequestBody(
+            start=rewritten.original,
+            rest=None,
+            chunked=False,
+            limit=self.settings.max_request_body_bytes,
+        )
+        return await self._exchange(
+            request, self._request_head(request, original, None, len(rewritten.original)), original
+        )
 
     def _refusal_for(self, exc: UpstreamError) -> web.Response:
         """The error to answer before any response started: one map, for every failure."""
@@ -296,6 +356,7 @@ class Proxy:
         started: float,
         plan: StreamPlan,
         headers: Mapping[str, str],
+        injected: bool = False,
     ) -> ActiveStream:
         relay = Relay(
             route.limits,
@@ -307,6 +368,7 @@ class Proxy:
             dialect=route.dialect,
             gap_observer=self._gap_observer,
             framing=plan.framing,
+            injected_usage=injected,
         )
         if route.resumable and plan.framing == "sse" and self.resume is not None:
             relay.journal = self.resume.journal(request.headers.items(), relay.dialect)
@@ -320,9 +382,11 @@ class Proxy:
         route: ResolvedRoute,
         started: float,
         slot: Slot,
+        *,
+        injected: bool = False,
     ) -> web.StreamResponse:
         upstream = exchange.head
-        stream = self._new_stream(request, route, started, plan, upstream.headers)
+        stream = self._new_stream(request, route, started, plan, upstream.headers, injected)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in stream_response_headers(
             drop_hop_by_hop(upstream.headers.items()), drop_encoding=plan.decoded
@@ -551,9 +615,18 @@ class Proxy:
             return False  # a unix-socket peer, say
         return any(address in network for network in self._trusted_networks)
 
-    def _request_body(self, request: web.Request, start: bytes) -> RequestBody | None:
+    def _request_body(
+        self, request: web.Request, start: bytes, rewritten: Rewritten | None = None
+    ) -> RequestBody | None:
         if not request.body_exists:
             return None
+        if rewritten is not None:
+            return RequestBody(
+                start=rewritten.body,
+                rest=None,
+                chunked=False,
+                limit=self.settings.max_request_body_bytes,
+            )
         content = request.content
         rest = None if content.at_eof() else content.iter_any()
         return RequestBody(
@@ -563,10 +636,20 @@ class Proxy:
             limit=self.settings.max_request_body_bytes,
         )
 
-    def _request_head(self, request: web.Request, body: RequestBody | None) -> bytes:
+    def _request_head(
+        self,
+        request: web.Request,
+        body: RequestBody | None,
+        rewritten: Rewritten | None = None,
+        length: int | None = None,
+    ) -> bytes:
         headers = self._forwarded_headers(request)
+        if rewritten is not None:
+            length = len(rewritten.body)
         if body is not None and body.chunked:
             headers["Transfer-Encoding"] = "chunked"
+        elif length is not None:
+            headers["Content-Length"] = str(length)
         elif request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         return request_head(request.method, self._prefix + request.raw_path, headers.items())
@@ -577,3 +660,10 @@ def _name_stream(response: web.StreamResponse, stream: ActiveStream) -> None:
     journal = stream.relay.journal
     if journal is not None:
         response.headers[STREAM_ID_HEADER] = journal.stream_id
+
+
+def _buffered_response(answer: Buffered) -> web.Response:
+    response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
+    for name, value in answer.headers:
+        response.headers.add(name, value)
+    return response

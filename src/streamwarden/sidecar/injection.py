@@ -1,0 +1,130 @@
+"""Usage injection in the sidecar: the request side (:mod:`streamwarden.usage` has the rules).
+
+:class:`UsageInjector` decides, per request, whether to ask the upstream
+for usage the client did not ask for, reads the (bounded) body to rewrite
+it, and remembers an upstream that refused the option: after a ``400``
+that names ``stream_options`` the request is sent again as the client
+sent it, and the sidecar does not inject there for
+:data:`REFUSAL_MEMORY` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from streamwarden.config import ResolvedRoute
+from streamwarden.dialects import SSE_MEDIA_TYPE, detect
+from streamwarden.sidecar.upstream import Exchange, UpstreamError
+from streamwarden.usage import inject_usage
+
+__all__ = ["REFUSAL_MEMORY", "Buffered", "Rewritten", "UsageInjector", "read_refusal"]
+
+#: How long an upstream that refused ``stream_options`` is left alone.
+REFUSAL_MEMORY = 600.0
+#: Most bytes of a 400 answer read to see whether it names the option.
+REFUSAL_BODY_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Buffered:
+    """An upstream's answer read whole (a refusal the sidecar looked into)."""
+
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Rewritten:
+    """A request body asking for usage, and the client's own, for a retry."""
+
+    body: bytes
+    original: bytes
+
+
+class UsageInjector:
+    """Per upstream: whether to inject, and the memory of a refusal."""
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self._refused_until = 0.0
+
+    def wanted(self, request: web.Request, route: ResolvedRoute) -> bool:
+        """A streaming POST to an OpenAI-chat path on a route with ``usage_injection: auto``."""
+        if route.usage_injection != "auto" or request.method != "POST":
+            return False
+        if asyncio.get_running_loop().time() < self._refused_until:
+            return False
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            return False
+        found = detect(
+            route.dialect, path=request.path, content_type=SSE_MEDIA_TYPE, headers={}, framing="sse"
+        )
+        return found.dialect.name == "openai-chat"
+
+    async def read(self, request: web.Request, start: bytes) -> tuple[bytes, bool]:
+        """The body read on from ``start``, up to the bound: (bytes, whole)."""
+        parts = [start]
+        size = len(start)
+        content = request.content
+        while not content.at_eof() and size <= self.max_body_bytes:
+            chunk = await content.readany()
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        whole = content.at_eof() and size <= self.max_body_bytes
+        return b"".join(parts), whole
+
+    @staticmethod
+    def rewrite(body: bytes) -> Rewritten | None:
+        injected = inject_usage(body)
+        return None if injected is None else Rewritten(injected, body)
+
+    def refused(self) -> None:
+        """The upstream refused the option: leave it alone for a while."""
+        self._refused_until = asyncio.get_running_loop().time() + REFUSAL_MEMORY
+
+
+class _Collector:
+    """A body sink that keeps up to a bound (a BodySink)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def body(self, chunk: bytes) -> None:
+        if self.size < self.limit:
+            self.parts.append(chunk[: self.limit - self.size])
+        self.size += len(chunk)
+
+    def read_done(self) -> None:
+        return None
+
+    def body_end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(self.size <= self.limit)
+
+    def body_broken(self, error: UpstreamError) -> None:
+        if not self.done.done():
+            self.done.set_result(False)
+
+
+async def read_refusal(exchange: Exchange, timeout: float = 10.0) -> tuple[bytes, bool]:
+    """A refusal's body, bounded: (bytes, whole). The exchange is finished after."""
+    collector = _Collector(REFUSAL_BODY_BYTES)
+    exchange.attach(collector)
+    try:
+        async with asyncio.timeout(timeout):
+            whole = await collector.done
+    except TimeoutError:
+        whole = False
+    finally:
+        exchange.finish()
+    return b"".join(collector.parts), whole
