@@ -728,6 +728,7 @@ def test_configs_rules_are_the_charts_default_rules() -> None:
         "StreamWardenZombieTokensHigh",
         "StreamWardenClientCancelsRising",
         "StreamWardenCancelPropagationSlow",
+        "StreamWardenEngineUnseenTokens",
     ]
 
 

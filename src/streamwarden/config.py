@@ -75,6 +75,9 @@ SIDECAR_ONLY = frozenset(
         # app builds the provider's request itself.
         "usage_injection",
         "usage_injection_max_body_bytes",
+        "engine_metrics_url",
+        "engine",
+        "engine_scrape_interval",
     }
 )
 
@@ -142,6 +145,13 @@ def _upstream(value: object) -> str:
     raise ValueError("upstream")
 
 
+def _http_url(value: object) -> str:
+    if isinstance(value, str) and re.match(r"^https?://[^/?#\s]+(/[^\s]*)?$", value):
+        return value
+    raise ValueError("http_url")
+
+
+HttpUrl = Annotated[str, BeforeValidator(_http_url)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 HostPort = Annotated[str, BeforeValidator(_host_port)]
@@ -203,6 +213,7 @@ _EXPECTED = {
     "readable_file": "is not a readable file",
     "networks": "is not a list of networks (e.g. 10.0.0.0/8, 127.0.0.1)",
     "resume_store": "is not a resume store (memory or redis://host:port/db)",
+    "http_url": "is not an http(s) URL (e.g. http://127.0.0.1:8000/metrics)",
 }
 
 
@@ -305,6 +316,13 @@ class Settings(BaseModel):
     usage_injection: Literal["auto", "off"] = "auto"
     #: Largest request body usage injection rewrites; larger ones go unchanged.
     usage_injection_max_body_bytes: Size = 1024 * 1024
+    #: The inference engine's Prometheus endpoint, to reconcile its generated
+    #: tokens with the sidecar's and time its aborts (none: off).
+    engine_metrics_url: HttpUrl | None = None
+    #: Whose metric names to read there (``auto``: whichever are present).
+    engine: Literal["auto", "vllm", "sglang", "tgi", "llamacpp"] = "auto"
+    #: How often the engine is scraped.
+    engine_scrape_interval: Duration = 5.0
     #: More media types to treat as event streams.
     stream_media_types: tuple[str, ...] = ()
     #: Peers (CIDRs) whose X-Forwarded-For, Forwarded and X-Real-IP are kept;

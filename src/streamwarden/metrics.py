@@ -30,6 +30,8 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 # Client gone to upstream closed: the whole point is that this is sub-millisecond.
+# A cancel to the engine's stop: a healthy engine within tens of ms.
+ABORT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 CANCEL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
 
 
@@ -200,6 +202,38 @@ class StreamMetrics:
         self.store_errors = Counter(
             "streamwarden_resume_store_errors",
             "Failed or dropped writes and reads of the Redis resume store.",
+            registry=r,
+        )
+
+        self.engine_generated = Counter(
+            "streamwarden_engine_generated_tokens",
+            "Tokens the inference engine says it generated (engine_metrics_url).",
+            registry=r,
+        )
+        self.engine_unseen = Counter(
+            "streamwarden_engine_unseen_tokens",
+            "Tokens the engine generated that no stream through this sidecar accounts for.",
+            registry=r,
+        )
+        self.engine_abort = Histogram(
+            "streamwarden_engine_abort_seconds",
+            "A stream cancelled to the engine running no more requests than are open.",
+            buckets=ABORT_BUCKETS,
+            registry=r,
+        )
+        self.engine_abort_timeouts = Counter(
+            "streamwarden_engine_abort_timeouts",
+            "Cancelled streams the engine had not stopped within 5 s of the cancel.",
+            registry=r,
+        )
+        self.engine_after_cancel = Counter(
+            "streamwarden_engine_tokens_after_cancel",
+            "Tokens the engine generated between a cancel and its stop, unseen by streams.",
+            registry=r,
+        )
+        self.engine_scrape_errors = Counter(
+            "streamwarden_engine_scrape_errors",
+            "Scrapes of the engine's metrics that failed or found no known counter.",
             registry=r,
         )
 

@@ -145,6 +145,31 @@ Takes (dict "root" $ "values" <the streamwarden values>).
           every abandoned stream.
     {{- end }}
     {{- end }}
+    {{- with $rules.engineUnseenTokens }}
+    {{- if .enabled }}
+    - alert: StreamWardenEngineUnseenTokens
+      expr: |
+        (
+          sum by (namespace, job) (rate(streamwarden_engine_unseen_tokens_total[{{ .window }}]))
+        /
+          sum by (namespace, job) (rate(streamwarden_engine_generated_tokens_total[{{ .window }}]))
+        ) > {{ .ratio }}
+      for: {{ .for }}
+      labels:
+        severity: {{ .severity }}
+        {{- with $extraLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      annotations:
+        summary: The engine generates tokens no stream accounts for
+        description: >-
+          {{`{{ $labels.job }}`}} ({{`{{ $labels.namespace }}`}}):
+          {{`{{ $value | humanizePercentage }}`}} of the tokens the inference engine
+          generated reached no stream through streamwarden: generations that go on
+          after their client left (an engine that does not abort), or traffic that
+          bypasses the sidecar.
+    {{- end }}
+    {{- end }}
     {{- with $rules.extraRules }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -108,6 +108,18 @@ def _parser(prog: str) -> _Parser:
         metavar="F",
         help="fault for every request (one of: " + ", ".join(f.value for f in Fault) + ")",
     )
+    parser.add_argument(
+        "--no-abort",
+        action="store_true",
+        help="keep generating after a client leaves, as an engine that does not abort "
+        "(the tokens show in GET /metrics, never on the wire)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["vllm", "sglang"],
+        default=defaults.engine,
+        help="the format of GET /metrics, an inference engine's (default %(default)s)",
+    )
     return parser
 
 
@@ -124,6 +136,8 @@ def run_mock_cli(
             ttft=args.ttft,
             tokens=args.tokens,
             fault=args.fault,
+            abort_on_disconnect=not args.no_abort,
+            engine=args.engine,
         )
     except _UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -82,8 +82,16 @@ class MockSettings:
     """Tokens per answer."""
     fault: str | None = None
     """The fault every request gets unless it names another (or ``none``)."""
+    abort_on_disconnect: bool = True
+    """An engine that stops generating when its client leaves (vLLM, TGI);
+    ``False`` (``--no-abort``) goes on to the end of the answer, as some
+    llama.cpp server versions did: tokens nobody will read."""
+    engine: str = "vllm"
+    """The format of ``GET /metrics``: ``vllm`` or ``sglang``."""
 
     def __post_init__(self) -> None:
+        if self.engine not in ("vllm", "sglang"):
+            raise ValueError("engine must be vllm or sglang")
         try:
             wire_format(self.dialect)
         except KeyError as exc:

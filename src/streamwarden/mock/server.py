@@ -70,6 +70,34 @@ class _MockState:
     stats: MockStats
     active: dict[asyncio.Task[Any], RequestRecord] = field(default_factory=dict)
     shutting_down: bool = False
+    engine: EngineCounters = field(default_factory=lambda: EngineCounters())
+    #: Generations that go on after their client left (``--no-abort``).
+    zombies: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass
+class EngineCounters:
+    """What an inference engine would export: tokens generated, requests running."""
+
+    generated: int = 0
+    running: int = 0
+
+    def render(self, engine: str) -> str:
+        """``GET /metrics`` in the engine's own Prometheus names."""
+        if engine == "sglang":
+            names = ("sglang:generation_tokens_total", "sglang:num_running_reqs")
+        else:
+            names = ("vllm:generation_tokens_total", "vllm:num_requests_running")
+        counter, gauge = names
+        labels = '{model_name="mock"}'
+        return (
+            f"# HELP {counter} Number of generation tokens processed.\n"
+            f"# TYPE {counter} counter\n"
+            f"{counter}{labels} {float(self.generated)}\n"
+            f"# HELP {gauge} Number of requests currently running.\n"
+            f"# TYPE {gauge} gauge\n"
+            f"{gauge}{labels} {float(self.running)}\n"
+        )
 
 
 _STATE = web.AppKey("streamwarden_mock_state", _MockState)
@@ -88,6 +116,7 @@ def create_app(settings: MockSettings | None = None) -> web.Application:
     app = web.Application(client_max_size=_BODY_LIMIT)
     app[_STATE] = _MockState(settings or MockSettings(), MockStats())
     app.router.add_get("/_mock/stats", _handle_stats)
+    app.router.add_get("/metrics", _handle_engine_metrics)
     app.router.add_post("/_mock/reset", _handle_reset)
     app.router.add_get("/ws", _handle_websocket)
     app.router.add_route("*", "/echo", _handle_echo)
@@ -153,8 +182,25 @@ async def _cancel_active(app: web.Application) -> None:
     # Stalled handlers would otherwise hold the shutdown for its whole timeout.
     state = app[_STATE]
     state.shutting_down = True
-    for task in list(state.active):
+    for task in list(state.active) + list(state.zombies):
         task.cancel()
+
+
+async def _handle_engine_metrics(request: web.Request) -> web.Response:
+    state = request.app[_STATE]
+    text = state.engine.render(state.settings.engine)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def _generate_for_nobody(engine: EngineCounters, tokens: int, pace: float) -> None:
+    """``--no-abort``: the rest of an answer whose client left, at the same pace."""
+    try:
+        for _ in range(tokens):
+            if pace > 0:
+                await asyncio.sleep(pace)  # the simulated model's pace
+            engine.generated += 1
+    finally:
+        engine.running -= 1
 
 
 @contextlib.contextmanager
@@ -163,6 +209,9 @@ def _watching(state: _MockState, record: RequestRecord) -> Iterator[None]:
     task = asyncio.current_task()
     if task is not None:
         state.active[task] = record
+    engine = state.engine
+    engine.running += 1
+    record.engine = engine
     try:
         yield
     except asyncio.CancelledError:
@@ -175,6 +224,21 @@ def _watching(state: _MockState, record: RequestRecord) -> Iterator[None]:
         if task is not None:
             state.active.pop(task, None)
         record.ended_at = time.monotonic()
+        left = record.tokens_planned - record.tokens_generated
+        if (
+            record.closed_early
+            and left > 0
+            and not state.settings.abort_on_disconnect
+            and not state.shutting_down
+        ):
+            pace = 1 / tps if (tps := state.settings.tokens_per_second) > 0 else 0.0
+            zombie = asyncio.get_running_loop().create_task(
+                _generate_for_nobody(engine, left, pace)
+            )
+            state.zombies.add(zombie)
+            zombie.add_done_callback(state.zombies.discard)
+        else:
+            engine.running -= 1
 
 
 class _Writer:
@@ -202,6 +266,9 @@ class _Writer:
             self._record.note_client_gone(time.monotonic())
             raise _ClientGone from exc
         self._record.tokens_generated += tokens
+        engine = self._record.engine
+        if engine is not None:
+            engine.generated += tokens
 
 
 class _Pacer:
@@ -393,6 +460,8 @@ async def _send_whole(
         record.note_client_gone(time.monotonic())
         return response
     record.tokens_generated += tokens
+    if record.engine is not None:
+        record.engine.generated += tokens
     record.completed = status < 400
     return response
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 __all__ = ["MockStats", "RequestRecord"]
 
@@ -53,6 +54,8 @@ class RequestRecord:
     """The HTTP status sent, once the response started."""
     close_code: int | None = None
     """WebSocket only: the close code of the connection."""
+    engine: Any = field(default=None, repr=False, compare=False)
+    """The simulated engine whose counters this request's tokens count in."""
 
     @property
     def ended(self) -> bool:
@@ -67,7 +70,9 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, object]:
         """The record as JSON-compatible data."""
-        return asdict(self)
+        data = asdict(self)
+        data.pop("engine", None)
+        return data
 
 
 class MockStats:

@@ -27,6 +27,7 @@ from streamwarden.config import Settings
 from streamwarden.headers import redact_url
 from streamwarden.logs import RateLimitedWarnings, stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
+from streamwarden.sidecar.engine_watch import EngineWatch
 from streamwarden.sidecar.http import GuardedAppRunner
 from streamwarden.sidecar.proxy import Proxy
 from streamwarden.sidecar.streams import StreamTracker
@@ -59,6 +60,12 @@ class Sidecar:
             gap_observer=self.metrics.observe_gap,
             websocket_listener=self.metrics.websocket_session,
             metrics=self.metrics,
+        )
+        #: The inference engine's counters against the sidecar's (engine_metrics_url).
+        self.engine_watch = (
+            EngineWatch(settings, self.tracker, self.metrics)
+            if settings.engine_metrics_url is not None
+            else None
         )
         self.draining = False
         self._proxy_runner: web.AppRunner | None = None
@@ -93,6 +100,8 @@ class Sidecar:
 
     async def _start(self) -> None:
         await self.proxy.start()
+        if self.engine_watch is not None:
+            await self.engine_watch.start()
         admin = web.Application()
         admin.router.add_get("/metrics", self._metrics)
         admin.router.add_get("/healthz", self._healthz)
@@ -152,6 +161,8 @@ class Sidecar:
             await self._admin_runner.cleanup()
             self._admin_runner = None
         await self.proxy.close()
+        if self.engine_watch is not None:
+            await self.engine_watch.close()
 
     # -- admin -----------------------------------------------------------------
 

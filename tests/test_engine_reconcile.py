@@ -1,0 +1,185 @@
+"""The inference engine's own counters against the sidecar's (``engine_metrics_url``).
+
+The mock serves engine metrics in vLLM's (or SGLang's) names and, with
+``--no-abort``, keeps generating after its client leaves, as some
+llama.cpp server versions did. The sidecar's own accounting cannot see
+that generation: the stream was cancelled, the socket closed. Reconciled
+against the engine's counter, those tokens show up as unseen, and the
+time the engine takes to stop after a cancel is measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from streamwarden.engine import read_engine
+from streamwarden.mock import MockServer, MockSettings, start_mock
+from streamwarden.sidecar import Sidecar
+from waiting import wait_for
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+CHAT = "/v1/chat/completions"
+
+VLLM = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="a"} 100.0
+vllm:generation_tokens_total{model_name="b"} 20.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 3.0
+"""
+SGLANG = """# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="m"} 7.0
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 1.0
+"""
+TGI = """# TYPE tgi_request_generated_tokens histogram
+tgi_request_generated_tokens_bucket{le="+Inf"} 2
+tgi_request_generated_tokens_sum 55
+tgi_request_generated_tokens_count 2
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 0
+"""
+LLAMACPP = """# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 9
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 2
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "engine", "generated", "running"),
+    [
+        (VLLM, "vllm", 120.0, 3.0),
+        (SGLANG, "sglang", 7.0, 1.0),
+        (TGI, "tgi", 55.0, 0.0),
+        (LLAMACPP, "llamacpp", 9.0, 2.0),
+    ],
+)
+def test_each_engines_names_are_read_and_found_by_auto(
+    text: str, engine: str, generated: float, running: float
+) -> None:
+    for asked in (engine, "auto"):
+        reading = read_engine(text, asked)
+        assert reading is not None
+        assert (reading.engine, reading.generated, reading.running) == (engine, generated, running)
+
+
+@pytest.mark.parametrize("text", ["", "garbage {{{", "# TYPE x counter\nx_total 1\n", "\xff" * 100])
+def test_text_without_a_known_counter_is_no_reading(text: str) -> None:
+    assert read_engine(text) is None
+
+
+def metric(sidecar: Sidecar, name: str) -> float:
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in sidecar.metrics.render().decode().splitlines()
+        if line and not line.startswith("#")
+    }
+    return samples.get(name, 0.0)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Callable[..., Awaitable[MockServer]]]:
+    started: list[MockServer] = []
+
+    async def start(**settings: Any) -> MockServer:
+        server = await start_mock(settings=MockSettings(**settings))
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.close()
+
+
+async def cancel_mid_stream(url: str, request_id: str) -> None:
+    headers = {"x-mock-request-id": request_id, "x-mock-ttft": "0", "x-mock-tokens": "60"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + CHAT, headers=headers, json={"stream": True}) as response:
+            received = b""
+            while received.count(b'"content":"') < 6:
+                received += await response.content.readany()
+            response.close()
+
+
+async def whole_stream(url: str, request_id: str) -> None:
+    headers = {"x-mock-request-id": request_id, "x-mock-ttft": "0", "x-mock-tokens": "20"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + CHAT, headers=headers, json={"stream": True}) as response:
+            await response.read()
+
+
+async def test_an_engine_that_aborts_leaves_nothing_unseen_and_stops_within_100_ms(
+    engine: Callable[..., Awaitable[MockServer]], start_sidecar: StartSidecar
+) -> None:
+    model = await engine(tokens_per_second=50)
+    sidecar = await start_sidecar(
+        model.url, engine_metrics_url=model.url + "/metrics", engine_scrape_interval="100ms"
+    )
+    await whole_stream(sidecar.proxy_url, "whole")
+    await cancel_mid_stream(sidecar.proxy_url, "cancelled")
+    await model.stats.wait_ended("cancelled")
+    await wait_for(
+        lambda: metric(sidecar, "streamwarden_engine_abort_seconds_count") == 1,
+        what="the abort timed",
+    )
+    abort = metric(sidecar, "streamwarden_engine_abort_seconds_sum")
+    assert abort < 0.1
+    generated = sum(r.tokens_generated for r in model.stats.records)  # the mock's own count
+    await wait_for(
+        lambda: metric(sidecar, "streamwarden_engine_generated_tokens_total") >= generated,
+        what="a scrape after both streams",
+    )
+    assert metric(sidecar, "streamwarden_engine_unseen_tokens_total") == 0
+
+
+async def test_an_engine_that_does_not_abort_shows_its_zombie_tokens_as_unseen(
+    engine: Callable[..., Awaitable[MockServer]], start_sidecar: StartSidecar
+) -> None:
+    model = await engine(tokens_per_second=100, abort_on_disconnect=False)
+    sidecar = await start_sidecar(
+        model.url, engine_metrics_url=model.url + "/metrics", engine_scrape_interval="100ms"
+    )
+    await wait_for(
+        lambda: (
+            metric(sidecar, "streamwarden_engine_scrape_errors_total") == 0
+            and sidecar.engine_watch is not None
+        ),
+        what="the watch started",
+    )
+    await cancel_mid_stream(sidecar.proxy_url, "zombie")
+    await wait_for(lambda: len(sidecar.tracker.finished) == 1)
+    meter = sidecar.tracker.finished[-1].meter
+    # What the sidecar itself knows: a cancelled stream, a few zombie tokens at most.
+    assert meter.end_state == "client_cancelled" and meter.tokens_generated < 20
+    # The engine went on to the end of its 60-token answer, for nobody.
+    await wait_for(
+        lambda: metric(sidecar, "streamwarden_engine_unseen_tokens_total") >= 40,
+        timeout=15,
+        what="the engine's zombie tokens reconciled as unseen",
+    )
+    await wait_for(
+        lambda: metric(sidecar, "streamwarden_engine_abort_seconds_count") == 1,
+        timeout=15,
+        what="the abort timed",
+    )
+    assert metric(sidecar, "streamwarden_engine_abort_seconds_sum") > 0.3  # 40+ tokens at 100/s
+    assert metric(sidecar, "streamwarden_engine_tokens_after_cancel_total") >= 40
+
+
+async def test_an_engine_that_cannot_be_scraped_never_touches_a_stream(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(
+        mock.url, engine_metrics_url=mock.url + "/nothing-here", engine_scrape_interval="50ms"
+    )
+    await wait_for(
+        lambda: metric(sidecar, "streamwarden_engine_scrape_errors_total") >= 2,
+        what="failed scrapes counted",
+    )
+    await whole_stream(sidecar.proxy_url, "fine")
+    assert sidecar.tracker.finished[-1].meter.end_state == "completed"
