@@ -464,8 +464,10 @@ class Relay:
 
 def _as_sent_without_injection(frames: list[Frame], hidden: list[Frame] | None) -> list[Frame]:
     """The frames a client that never asked for usage would have received."""
-    return [
-        Frame(without_usage_null(f.raw), f.event)
-        for f in frames
-        if hidden is None or not any(f is h for h in hidden)
-    ]
+    kept: list[Frame] = []
+    for frame in frames:
+        if hidden is not None and any(frame is h for h in hidden):
+            continue
+        raw = without_usage_null(frame.raw)
+        kept.append(frame if raw is frame.raw else Frame(raw, frame.event))
+    return kept
