@@ -68,12 +68,13 @@ async def read_events(
     return events
 
 
-async def cut_after(url: str, request_id: str, count: int, **extra: str) -> tuple[str, list[Event]]:
+async def cut_after(
+    url: str, request_id: str, count: int, *, tps: int = 100, tokens: int = TOKENS, **extra: str
+) -> tuple[str, list[Event]]:
     """Start a stream, read ``count`` events, then drop the connection."""
+    headers = {**mock_headers(request_id, tps=tps, tokens=tokens), **extra}
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            url + CHAT, headers={**mock_headers(request_id), **extra}, json={"stream": True}
-        ) as response:
+        async with session.post(url + CHAT, headers=headers, json={"stream": True}) as response:
             stream_id = response.headers.get(STREAM_ID_HEADER, "")
             events = await read_events(response, until=lambda got: len(got) >= count)
             response.close()  # the connection drops mid-answer
@@ -148,15 +149,9 @@ async def test_a_resume_mid_stream_continues_live_and_holds_a_detached_stream_op
     # A window far shorter than the rest of the answer: only the resumed
     # client's hold keeps the upstream running past it.
     sidecar = await start_sidecar(mock.url, on_client_gone="detach", resume_window="300ms")
+    _, first = await cut_after(sidecar.proxy_url, "slow", 3, tps=20, tokens=30)
+    await wait_for(lambda: sidecar.metrics.detached._value.get() == 1, what="detached")
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            sidecar.proxy_url + CHAT,
-            headers=mock_headers("slow", tps=20, tokens=30),
-            json={"stream": True},
-        ) as response:
-            first = await read_events(response, until=lambda got: len(got) >= 3)
-            response.close()
-        await wait_for(lambda: sidecar.metrics.detached._value.get() == 1, what="detached")
         async with session.get(
             sidecar.proxy_url + CHAT, headers={**KEY, "Last-Event-ID": first[-1].id or ""}
         ) as again:
@@ -173,14 +168,7 @@ async def test_detached_with_nobody_resuming_closes_the_upstream_after_the_windo
     mock: MockServer, start_sidecar: StartSidecar
 ) -> None:
     sidecar = await start_sidecar(mock.url, on_client_gone="detach", resume_window="200ms")
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            sidecar.proxy_url + CHAT,
-            headers=mock_headers("abandoned", tps=50, tokens=2000),
-            json={"stream": True},
-        ) as response:
-            await read_events(response, until=lambda got: len(got) >= 3)
-            response.close()
+    await cut_after(sidecar.proxy_url, "abandoned", 3, tps=50, tokens=2000)
     upstream = await mock.stats.wait_ended("abandoned", timeout=10)
     assert upstream.closed_early and upstream.tokens_generated < 2000
     await wait_for(lambda: len(sidecar.tracker.finished) == 1)
@@ -194,7 +182,7 @@ async def test_an_explicit_stop_closes_a_detached_stream_at_once(
     mock: MockServer, start_sidecar: StartSidecar
 ) -> None:
     sidecar = await start_sidecar(mock.url, on_client_gone="detach", resume_window="60s")
-    stream_id, _ = await cut_after_slow(sidecar.proxy_url, "stopped")
+    stream_id, _ = await cut_after(sidecar.proxy_url, "stopped", 2, tps=20, tokens=2000)
     await wait_for(lambda: sidecar.metrics.detached._value.get() == 1, what="detached")
     async with aiohttp.ClientSession() as session:
         async with session.delete(
@@ -210,17 +198,6 @@ async def test_an_explicit_stop_closes_a_detached_stream_at_once(
     assert upstream.closed_early
     await wait_for(lambda: len(sidecar.tracker.finished) == 1)
     assert sidecar.tracker.finished[-1].meter.end_state == "client_cancelled"
-
-
-async def cut_after_slow(url: str, request_id: str) -> tuple[str, list[Event]]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            url + CHAT, headers=mock_headers(request_id, tps=20, tokens=2000), json={"stream": True}
-        ) as response:
-            stream_id = response.headers[STREAM_ID_HEADER]
-            events = await read_events(response, until=lambda got: len(got) >= 2)
-            response.close()
-    return stream_id, events
 
 
 async def test_a_resume_with_other_credentials_is_told_what_an_unknown_stream_is_told(

@@ -22,7 +22,7 @@ from streamwarden.mock import MockServer
 from streamwarden.mock.tokens import mock_text
 from streamwarden.resume import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
-from test_resume import KEY, TOKENS, mock_headers, read_events, resume, text_of
+from test_resume import KEY, TOKENS, cut_after, mock_headers, read_events, resume, text_of
 from waiting import wait_for, wait_until
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
@@ -106,16 +106,9 @@ async def test_a_client_cut_on_one_replica_resumes_on_the_other(
 ) -> None:
     first, second = replicas
     tokens = 40
+    stream_id, head = await cut_after(first.proxy_url, "across", 5, tps=20, tokens=tokens)
+    await wait_for(lambda: first.metrics.detached._value.get() == 1, what="detached")
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            first.proxy_url + CHAT,
-            headers=mock_headers("across", tps=20, tokens=tokens),
-            json={"stream": True},
-        ) as response:
-            stream_id = response.headers[STREAM_ID_HEADER]
-            head = await read_events(response, until=lambda got: len(got) >= 5)
-            response.close()
-        await wait_for(lambda: first.metrics.detached._value.get() == 1, what="detached")
         async with session.get(
             second.proxy_url + CHAT, headers={**KEY, "Last-Event-ID": head[-1].id or ""}
         ) as again:
@@ -238,17 +231,10 @@ async def test_a_stop_sent_to_the_other_replica_stops_the_stream_where_it_runs(
     mock: MockServer, replicas: tuple[Sidecar, Sidecar]
 ) -> None:
     first, second = replicas
+    stream_id, _ = await cut_after(first.proxy_url, "stopped-elsewhere", 2, tps=20, tokens=2000)
+    await wait_for(lambda: first.metrics.detached._value.get() == 1, what="detached")
+    stop = {STREAM_ID_HEADER: stream_id}
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            first.proxy_url + CHAT,
-            headers=mock_headers("stopped-elsewhere", tps=20, tokens=2000),
-            json={"stream": True},
-        ) as response:
-            stream_id = response.headers[STREAM_ID_HEADER]
-            await read_events(response, until=lambda got: len(got) >= 2)
-            response.close()
-        await wait_for(lambda: first.metrics.detached._value.get() == 1, what="detached")
-        stop = {STREAM_ID_HEADER: stream_id}
 
         async def known_to_redis() -> bool:  # its owner reaches Redis off the hot path
             async with session.delete(
