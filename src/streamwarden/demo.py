@@ -2,8 +2,9 @@
 
 It starts the mock upstream on a free port and the sidecar on ``--port``
 (8080 unless taken), with a short keep-alive interval and idle timeout so
-that each of the five jobs shows within seconds, then prints three
-``curl -N`` commands to try and runs until interrupted.
+that each of the five jobs shows within seconds, then prints one command
+per job to try (what to run, what to look for) and runs until Ctrl-C or
+SIGTERM (exit 0 either way).
 """
 
 from __future__ import annotations
@@ -24,35 +25,52 @@ IDLE_TIMEOUT = "9s"
 _BODY = '{"model":"demo","stream":true,"messages":[{"role":"user","content":"Hello!"}]}'
 
 
-def _curl(url: str, fault: str | None = None) -> str:
-    header = f" -H 'x-mock-fault: {fault}'" if fault else ""
+def _curl(url: str, fault: str | None = None, *, headers: bool = False, tokens: int = 0) -> str:
+    extra = f" -H 'x-mock-fault: {fault}'" if fault else ""
+    if tokens:
+        extra += f" -H 'x-mock-tokens: {tokens}'"
+    flags = "-N -i" if headers else "-N"
     return (
-        f"curl -N {url}/v1/chat/completions -H 'content-type: application/json'{header} "
+        f"curl {flags} {url}/v1/chat/completions -H 'content-type: application/json'{extra} "
         f"-d '{_BODY}'"
     )
 
 
 def instructions(url: str, admin_url: str) -> str:
-    """What the demo prints once it is up."""
+    """What the demo prints once it is up: one command per job, and what to look for."""
     return f"""\
 streamwarden demo: a simulated model behind the sidecar at {url}
 (metrics at {admin_url}/metrics; stop with Ctrl-C)
 
-1. A normal stream, tokens trickling in one by one, ending with data: [DONE]:
+1. No buffering: the response headers forbid it (Cache-Control: no-cache,
+   no-transform; X-Accel-Buffering: no; no Content-Length) and the tokens
+   trickle in one by one, ending with data: [DONE]:
 
-   {_curl(url)}
+   {_curl(url, headers=True)}
 
-2. A model that stalls mid-answer: the sidecar writes ': keep-alive' every
-   {KEEPALIVE} so no load balancer cuts the connection, and after {IDLE_TIMEOUT} of
-   silence it ends the stream with an upstream_timeout error event:
+2. Keep-alive: a model that stalls mid-answer gets ': keep-alive' written
+   every {KEEPALIVE} so no load balancer cuts the connection, and after
+   {IDLE_TIMEOUT} of silence an upstream_timeout error event ends it:
 
    {_curl(url, "stall")}
 
-3. An upstream that stops early without data: [DONE]: instead of a silently
-   shorter answer, the client gets an error event with code stream_truncated
-   (the openai SDK raises APIError on it):
+3. Honest endings: an upstream that stops without data: [DONE] gives the
+   client an error event with code stream_truncated instead of a silently
+   shorter answer (the openai SDK raises APIError on it):
 
    {_curl(url, "truncate")}
+
+4. Cancellation: start a long answer and press Ctrl-C after a few tokens.
+   The upstream is closed at once: this window's log line says
+   end_state=client_cancelled and cancel_propagation_s (well under 1 ms):
+
+   {_curl(url, tokens=400)}
+
+5. Metering: every finished stream logged one line above, with
+   tokens_generated, tokens_delivered and tokens_zombie (the ones made after
+   the client left, as in 4). The totals, by dialect and count source:
+
+   curl -s {admin_url}/metrics | grep -E 'streamwarden_(tokens|zombie|streams)_'
 """
 
 
