@@ -233,3 +233,32 @@ def test_busy_port_is_one_line_and_exit_2() -> None:
         )
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_listen_address_without_a_host_means_every_interface() -> None:
+    assert load_settings(environ={}, overrides={"listen": ":8080"}).listen == "0.0.0.0:8080"
+
+
+def test_any_key_is_reachable_from_the_command_line_with_set() -> None:
+    from streamwarden.cli import _assignments
+
+    overrides = _assignments(
+        ["max_concurrent_streams=500", "on_client_gone=detach", "stream_media_types=[a/b]"]
+    )
+    settings = load_settings(environ={}, overrides=overrides)
+    assert settings.max_concurrent_streams == 500
+    assert settings.on_client_gone == "detach"
+    assert settings.stream_media_types == ("a/b",)
+
+
+def test_help_that_teaches() -> None:
+    run = [sys.executable, "-m", "streamwarden.cli"]
+    bare = subprocess.run(run, capture_output=True, text=True, timeout=30)
+    assert bare.returncode == 2
+    for command in ("run", "demo", "mock-upstream", "check-config"):
+        assert command in bare.stderr
+    helped = subprocess.run([*run, "run", "--help"], capture_output=True, text=True, timeout=30)
+    text = " ".join(helped.stdout.split())
+    assert "default '0.0.0.0:8080'; STREAMWARDEN_LISTEN" in text
+    assert "one of auto, openai-chat, openai-responses, anthropic" in text
+    assert "--set KEY=VALUE" in text and "STREAMWARDEN_<KEY>" in text

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from streamwarden import __version__
-from streamwarden.config import ConfigError, Settings, load_settings
+from streamwarden.config import ENV_PREFIX, ConfigError, Settings, load_settings
+from streamwarden.dialects import DIALECT_NAMES
 
 __all__ = ["main"]
 
@@ -33,24 +34,79 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = commands.add_parser("run", help="run the sidecar proxy")
-    run.add_argument("--config", help="YAML config file")
-    run.add_argument("--upstream", help="upstream URL (http://, https://, unix:/path.sock)")
-    run.add_argument("--listen", help="proxy address HOST:PORT")
-    run.add_argument("--admin-listen", dest="admin_listen", help="admin address HOST:PORT")
-    run.add_argument("--dialect", help="stream dialect, or auto")
-    run.add_argument("--keepalive-interval", dest="keepalive_interval", help="e.g. 15s")
-    run.add_argument("--log-format", dest="log_format", help="json or text")
-    run.add_argument("--log-level", dest="log_level", help="debug, info, warning, error")
-    run.add_argument(
-        "--event-loop", dest="event_loop", help="auto (uvloop when installed), asyncio, uvloop"
+    run = commands.add_parser(
+        "run",
+        help="run the sidecar proxy",
+        description="Run the sidecar: a reverse proxy in front of one upstream that keeps "
+        "its streams alive and honest. Every setting comes, lowest to highest, from its "
+        "default, the config file, the STREAMWARDEN_<KEY> environment variable, then these "
+        "flags; --set KEY=VALUE reaches any key.",
+        epilog="Every other key (limits, routes, resume, engine counters...): --set KEY=VALUE, "
+        f"{ENV_PREFIX}<KEY>, or the config file; the README's Configuration table lists them "
+        "all. Check a file with: streamwarden check-config FILE",
     )
-    run.add_argument(
+    defaults = Settings()
+    where = run.add_argument_group("where")
+    where.add_argument("--config", metavar="FILE", help=f"YAML config file ({ENV_PREFIX}CONFIG)")
+    _flag(where, defaults, "--upstream", "upstream", "URL", "http://, https:// or unix:/path.sock")
+    _flag(
+        where, defaults, "--listen", "listen", "HOST:PORT", "proxy address (:PORT: every interface)"
+    )
+    _flag(
+        where,
+        defaults,
+        "--admin-listen",
+        "admin_listen",
+        "HOST:PORT",
+        "/metrics, /healthz, /readyz",
+    )
+    streams = run.add_argument_group("streams")
+    _flag(
+        streams, defaults, "--dialect", "dialect", "D", "stream wire format", choices=DIALECT_NAMES
+    )
+    _flag(
+        streams,
+        defaults,
+        "--keepalive-interval",
+        "keepalive_interval",
+        "DURATION",
+        "quiet time before ': keep-alive'",
+    )
+    process = run.add_argument_group("process")
+    _flag(process, defaults, "--log-format", "log_format", "F", "", choices=("json", "text"))
+    _flag(
+        process,
+        defaults,
+        "--log-level",
+        "log_level",
+        "L",
+        "",
+        choices=("debug", "info", "warning", "error"),
+    )
+    _flag(
+        process,
+        defaults,
+        "--event-loop",
+        "event_loop",
+        "LOOP",
+        "auto: uvloop when installed",
+        choices=("auto", "asyncio", "uvloop"),
+    )
+    process.add_argument(
         "--uvloop",
         dest="event_loop",
         action="store_const",
         const="uvloop",
         help="same as --event-loop uvloop",
+    )
+    process.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any config key (repeatable), e.g. --set max_concurrent_streams=500 "
+        "--set on_client_gone=detach; YAML values (--set 'stream_media_types=[a/b]')",
     )
 
     demo = commands.add_parser("demo", help="start a simulated model and the sidecar in front")
@@ -67,6 +123,47 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag(
+    group: argparse._ArgumentGroup,
+    defaults: Settings,
+    flag: str,
+    key: str,
+    metavar: str,
+    what: str,
+    choices: Sequence[str] | None = None,
+) -> None:
+    """One flag for a config key: its help shows the default and the variable."""
+    default = getattr(defaults, key)
+    shown = "(required)" if default is None else repr(default)
+    text = f"{what}; " if what else ""
+    if choices is not None:
+        text += f"one of {', '.join(choices)}; "
+    group.add_argument(
+        flag,
+        dest=key,
+        metavar=metavar,
+        choices=choices,
+        help=f"{text}default {shown}; {ENV_PREFIX}{key.upper()}",
+    )
+
+
+def _assignments(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as config keys (values parsed as YAML scalars or lists)."""
+    import yaml
+
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else value
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {key}: {value!r} is not a valid value") from None
+        found[key.strip()] = value if isinstance(parsed, int | float | bool) else parsed
+    return found
+
+
 def _settings_from(args: argparse.Namespace) -> Settings:
     keys = (
         "upstream",
@@ -78,7 +175,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         "log_level",
         "event_loop",
     )
-    overrides: dict[str, Any] = {key: getattr(args, key) for key in keys}
+    overrides: dict[str, Any] = _assignments(getattr(args, "assignments", []))
+    overrides.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
     return load_settings(args.config, overrides=overrides)
 
 
@@ -110,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from streamwarden.mock import run_mock_cli
 
         return run_mock_cli(arguments[1:])
+    if not arguments:
+        # A bare command: what it can do, one line each.
+        _parser().print_help(sys.stderr)
+        return 2
     args = _parser().parse_args(arguments)
     try:
         if args.command == "run":

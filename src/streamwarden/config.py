@@ -130,8 +130,9 @@ def parse_size(value: object) -> int:
 def _host_port(value: object) -> str:
     if isinstance(value, str):
         host, sep, port = value.rpartition(":")
-        if sep and port.isdigit() and 0 <= int(port) <= 65535 and host:
-            return value
+        if sep and port.isdigit() and 0 <= int(port) <= 65535:
+            # ":8080", as other servers take it: every interface.
+            return value if host else f"0.0.0.0:{port}"
     raise ValueError("host_port")
 
 
