@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -257,7 +258,10 @@ def test_help_that_teaches() -> None:
     assert bare.returncode == 2
     for command in ("run", "demo", "mock-upstream", "check-config"):
         assert command in bare.stderr
-    helped = subprocess.run([*run, "run", "--help"], capture_output=True, text=True, timeout=30)
+    wide = {**os.environ, "COLUMNS": "200"}  # argparse wraps at hyphens otherwise
+    helped = subprocess.run(
+        [*run, "run", "--help"], capture_output=True, text=True, timeout=30, env=wide
+    )
     text = " ".join(helped.stdout.split())
     assert "default '0.0.0.0:8080'; STREAMWARDEN_LISTEN" in text
     assert "one of auto, openai-chat, openai-responses, anthropic" in text
