@@ -266,3 +266,45 @@ def test_help_that_teaches() -> None:
     assert "default '0.0.0.0:8080'; STREAMWARDEN_LISTEN" in text
     assert "one of auto, openai-chat, openai-responses, anthropic" in text
     assert "--set KEY=VALUE" in text and "STREAMWARDEN_<KEY>" in text
+
+
+def test_check_config_reports_every_problem_in_one_run(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "upstream: http://127.0.0.1:8000\n"
+        "keepalive_interval: fast\n"
+        "max_evnt_bytes: 1MiB\n"
+        "routes:\n  /v1/chat:\n    upstream: http://other:1\n"
+    )
+    checked = subprocess.run(
+        [sys.executable, "-m", "streamwarden.cli", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 2
+    lines = checked.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert any('keepalive_interval: "fast" is not a duration' in line for line in lines)
+    assert any('did you mean "max_event_bytes"' in line for line in lines)
+    assert any('"upstream" cannot be set per route' in line for line in lines)
+
+
+def test_a_key_given_twice_is_refused_not_silently_overwritten(tmp_path: Path) -> None:
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("listen: 0.0.0.0:1\nlisten: 0.0.0.0:2\n")
+    with pytest.raises(ConfigError, match='line 2: "listen" is given twice'):
+        load_settings(twice, environ={})
+
+
+def test_check_config_says_what_run_still_needs(tmp_path: Path) -> None:
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("keepalive_interval: 5s\n")
+    checked = subprocess.run(
+        [sys.executable, "-m", "streamwarden.cli", "check-config", str(partial)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0
+    assert "ok, but streamwarden run also needs upstream" in checked.stdout

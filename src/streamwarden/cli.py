@@ -201,6 +201,26 @@ def _run(args: argparse.Namespace) -> int:
     return uvloop.run(run_sidecar(settings))
 
 
+def _check_config(path: str) -> int:
+    """Every problem of a config file, one line each (exit 2), or ok (exit 0)."""
+    from streamwarden.config import config_problems, read_config_file
+
+    problems = config_problems(read_config_file(path))
+    for problem in problems:
+        print(f"streamwarden: error: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    settings = load_settings(path, environ={})
+    if settings.upstream is None:
+        print(
+            f"{path}: ok, but streamwarden run also needs upstream "
+            "(--upstream, STREAMWARDEN_UPSTREAM or the file)"
+        )
+        return 0
+    print(f"{path}: ok")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["mock-upstream"]:
@@ -217,9 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return _run(args)
         if args.command == "check-config":
-            load_settings(args.file)
-            print(f"{args.file}: ok")
-            return 0
+            return _check_config(args.file)
         if args.command == "demo":
             from streamwarden.demo import run_demo
 

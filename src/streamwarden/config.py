@@ -401,7 +401,11 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> str:
     kind = error.get("type", "")
     if kind == "extra_forbidden":
         name = str(error["loc"][-1]) if error.get("loc") else loc
-        fields = list(RouteSettings.model_fields if "routes" in loc else model.model_fields)
+        per_route = "routes" in loc
+        if per_route and name in Settings.model_fields:
+            allowed = ", ".join(RouteSettings.model_fields)
+            return f'{loc}: "{name}" cannot be set per route (a route may set: {allowed})'
+        fields = list(RouteSettings.model_fields if per_route else model.model_fields)
         guess = difflib.get_close_matches(name, fields, n=1)
         hint = f' (did you mean "{guess[0]}"?)' if guess else ""
         return f'{loc}: unknown key "{name}"{hint}'
@@ -428,6 +432,33 @@ def _validate(data: Mapping[str, Any]) -> Settings:
         raise ConfigError(_format_error(first, Settings)) from None
 
 
+def config_problems(data: Mapping[str, Any]) -> list[str]:
+    """Every problem of a set of keys, one line each (none: valid)."""
+    try:
+        Settings.model_validate(dict(data))
+    except ValidationError as exc:
+        return [_format_error(error, Settings) for error in exc.errors()]
+    return []
+
+
+class _DuplicateKey(ValueError):
+    """A mapping names the same key twice (the last one would silently win)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise _DuplicateKey(f'line {line}: "{key}" is given twice')
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a YAML config file as a mapping of keys, or raise :class:`ConfigError`."""
     try:
@@ -435,7 +466,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"config file {str(path)!r}: {exc.strerror or exc}") from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags run code
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
