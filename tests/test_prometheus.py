@@ -298,3 +298,9 @@ async def test_prometheus_scrapes_the_end_states_of_a_known_mix_of_streams(
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+def test_no_created_series_double_the_exposition() -> None:
+    from streamwarden.metrics import StreamMetrics
+
+    assert "_created" not in StreamMetrics().render().decode()

@@ -15,7 +15,14 @@ import asyncio
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -23,6 +30,10 @@ from prometheus_client.registry import Collector
 from streamwarden.meter import StreamRecord
 
 __all__ = ["CONTENT_TYPE_LATEST", "StreamMetrics", "metric_table"]
+
+# Every counter and histogram would also export a *_created series (its
+# creation time): twice the series for nothing a dashboard uses.
+disable_created_metrics()
 
 # Time to first token: from 10 ms (a warm small model) to 60 s (huge prompts).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
