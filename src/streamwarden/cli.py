@@ -1,4 +1,4 @@
-"""The ``streamwarden`` command: run, demo, mock-upstream, check-config.
+"""The ``streamwarden`` command: run, demo, mock-upstream, check-config, top.
 
 Any bad flag or configuration value ends the process with exit code 2 and
 one line on stderr that names the key, the value and what was expected.
@@ -120,6 +120,21 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file")
+
+    top = commands.add_parser(
+        "top",
+        help="show a sidecar's open streams, live",
+        description="The open streams of a running sidecar (its admin port's /streams), "
+        "refreshed every --interval: what to look at first when streams hang.",
+    )
+    top.add_argument(
+        "--admin",
+        default="http://127.0.0.1:9090",
+        metavar="URL",
+        help="the sidecar's admin address (default %(default)s)",
+    )
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    top.add_argument("--once", action="store_true", help="print one screen and exit")
     return parser
 
 
@@ -238,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "check-config":
             return _check_config(args.file)
+        if args.command == "top":
+            from streamwarden.top import run_top
+
+            return run_top(args.admin, args.interval, args.once)
         if args.command == "demo":
             from streamwarden.demo import run_demo
 

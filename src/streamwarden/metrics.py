@@ -33,7 +33,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "StreamMetrics", "metric_table"]
 
 # Every counter and histogram would also export a *_created series (its
 # creation time): twice the series for nothing a dashboard uses.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Time to first token: from 10 ms (a warm small model) to 60 s (huge prompts).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)

@@ -185,6 +185,16 @@ class Relay:
         return self._framing
 
     @property
+    def last_write(self) -> float:
+        """When bytes (an event or a keep-alive) last went to the client."""
+        return self._last_write
+
+    @property
+    def client_present(self) -> bool:
+        """The client has not left (nor been cut as too slow)."""
+        return not self._client_gone
+
+    @property
     def deadline(self) -> float | None:
         """The time by which ``poll`` must be called next, or ``None`` if no timer runs.
 

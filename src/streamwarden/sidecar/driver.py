@@ -98,6 +98,7 @@ class _Conduit:
             self._congested = True
             self._pause_upstream()
             self._wake()
+            self._paused(True)
 
     # -- the task's side -----------------------------------------------------
 
@@ -123,7 +124,11 @@ class _Conduit:
         except CLIENT_GONE:
             pass  # the client left meanwhile: the relay already knows what that means
         self._congested = False
+        self._paused(False)
         return True
+
+    def _paused(self, paused: bool) -> None:
+        """For the live view of streams (``GET /streams``); a copier has none."""
 
     def _pause_upstream(self) -> None:
         if self._exchange is not None:
@@ -188,6 +193,9 @@ class StreamDriver(_Conduit):
         self._opening: asyncio.Future[Exchange] | None = None
 
     # -- from the upstream connection (BodySink) ------------------------------
+
+    def _paused(self, paused: bool) -> None:
+        self.stream.paused = paused
 
     def body(self, chunk: bytes) -> None:
         try:

@@ -25,6 +25,7 @@ from yarl import URL
 
 from streamwarden.config import Settings
 from streamwarden.headers import redact_url
+from streamwarden.live import recent_endings, stream_view
 from streamwarden.logs import RateLimitedWarnings, stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.sidecar.engine_watch import EngineWatch
@@ -106,6 +107,7 @@ class Sidecar:
         admin.router.add_get("/metrics", self._metrics)
         admin.router.add_get("/healthz", self._healthz)
         admin.router.add_get("/readyz", self._readyz)
+        admin.router.add_get("/streams", self._streams)
         self._admin_runner = web.AppRunner(admin, access_log=None, shutdown_timeout=1.0)
         await self._admin_runner.setup()
         host, port = _split(self.settings.admin_listen)
@@ -169,6 +171,20 @@ class Sidecar:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(
             body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _streams(self, request: web.Request) -> web.Response:
+        """The open streams, oldest first, and how the last minute's ended (streamwarden top)."""
+        now = asyncio.get_running_loop().time()
+        active = sorted(self.tracker.active, key=lambda s: s.relay.meter.started_at)
+        return web.json_response(
+            {
+                "streams": [
+                    stream_view(s.stream_id, s.route, s.relay, now, s.paused) for s in active
+                ],
+                "recent": recent_endings(self.tracker.finished, now),
+                "draining": self.draining,
+            }
         )
 
     async def _healthz(self, request: web.Request) -> web.Response:

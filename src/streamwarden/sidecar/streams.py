@@ -25,6 +25,8 @@ class ActiveStream:
     #: The matched route prefix (the metrics label).
     route: str = "/"
     timer: asyncio.Timeout | None = field(default=None, repr=False)
+    #: The client is not taking our writes (its transport is over its mark).
+    paused: bool = False
 
     def wake(self) -> None:
         """Run the stream's timer now (its deadline moved sooner: the drain)."""
