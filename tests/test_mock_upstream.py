@@ -908,3 +908,23 @@ def test_cli_serves_until_sigterm() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_mock_help_documents_every_fault_and_the_per_request_controls() -> None:
+    import subprocess
+    import sys
+
+    from streamwarden.mock.faults import Fault
+
+    helped = subprocess.run(
+        [sys.executable, "-m", "streamwarden.cli", "mock-upstream", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert helped.returncode == 0
+    for fault in Fault:
+        assert f"\n  {fault.value} " in helped.stdout, fault
+    for control in ("tokens", "tps", "ttft", "fault-after", "delay", "status", "request-id"):
+        assert f"\n  {control} " in helped.stdout, control
+    assert "x-mock-<name>" in helped.stdout and "--no-abort" in helped.stdout

@@ -57,12 +57,51 @@ def _listen(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+_CONTROLS_HELP = """\
+per-request controls (a header x-mock-<name>, or a query parameter <name>,
+which wins; they override the flags above for one request):
+  tokens N          tokens in the answer
+  tps N             tokens per second (0: unpaced)
+  ttft SECONDS      time before the first token
+  fault F           one of the faults below, or none
+  fault-after N     tokens written before a cutting fault strikes
+  delay SECONDS     how long stall-before-headers, slow-headers (and stall) last
+  size BYTES        the giant-event event's size
+  status CODE       error-status's HTTP status (a status >= 400 implies it)
+  body 0|1          0: error-status answers with an empty body
+  tool-call 0|1     1: a streamed tool call (openai-chat, anthropic)
+  request-id ID     the id recorded and returned in x-mock-request-id
+
+faults:
+  truncate              end cleanly before the terminal event (and usage)
+  truncate-mid          close in the middle of an event
+  stall                 stop sending mid-answer (for delay, or forever)
+  stall-before-headers  accept, then send nothing for delay
+  slow-headers          send the headers after delay
+  reset                 reset the connection mid-answer
+  broken-chunked        break the chunked encoding
+  giant-event           one event of size bytes
+  garbage               bytes that are not the dialect
+  error-status          answer status with the provider's error body
+  keepalive-pings       send the dialect's own pings while thinking
+
+e.g. curl -N localhost:8000/v1/chat/completions -H 'x-mock-fault: truncate' \\
+       -d '{"stream": true}'
+     curl -N 'localhost:8000/v1/chat/completions?fault=stall&delay=5' -d '{"stream": true}'
+
+GET /metrics serves engine counters (vLLM's names, or --engine sglang);
+GET /_mock/stats the mock's record of every request.
+"""
+
+
 def _parser(prog: str) -> _Parser:
     defaults = MockSettings()
     parser = _Parser(
         prog=prog,
         description="Serve a simulated LLM upstream that streams like real providers "
         "and misbehaves on request.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_CONTROLS_HELP,
     )
     parser.add_argument(
         "--listen",
