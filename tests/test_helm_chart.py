@@ -863,3 +863,12 @@ def test_replicas_share_a_redis_resume_store_from_a_url_or_a_secret(tmp_path: Pa
     defaults = Pod(tuple(objects_of(render())))
     assert "resume_store" not in defaults.config_keys
     assert "env" not in defaults.sidecar
+
+
+def test_the_notes_warn_while_the_image_is_the_placeholder() -> None:
+    placeholder = render()
+    notes = next(text for path, text in placeholder.items() if path.endswith("NOTES.txt"))
+    assert "image.repository is still the placeholder" in notes
+    own = render({"image": {"repository": "registry.example.com/me/streamwarden"}})
+    notes = next(text for path, text in own.items() if path.endswith("NOTES.txt"))
+    assert "placeholder" not in notes.split("streamwarden is in front")[0]

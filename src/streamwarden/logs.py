@@ -132,6 +132,46 @@ def stream_fields(record: StreamRecord) -> dict[str, Any]:
     }
 
 
+#: What each field of the stream line means: the README's table of them is
+#: printed from this (``python -m streamwarden.logs``) and a test holds both
+#: to :func:`stream_fields`.
+FIELD_DOCS: dict[str, str] = {
+    "stream_id": "the stream's id in this process (as in `GET /streams`)",
+    "route": "the matched route prefix (`/` when none)",
+    "method": "the request method",
+    "path": "the request path, without its query",
+    "status": "the response status",
+    "dialect": "the stream's wire format",
+    "end_state": "how the stream ended (one of the end states)",
+    "error_code": "the code of the error event written, if one was",
+    "upstream_reported_error": "the upstream sent an error inside the stream itself",
+    "ttft_s": "request to first content event written to the client",
+    "duration_s": "request to end of stream",
+    "events_in": "events read from the upstream",
+    "events_out": "events written to the client",
+    "bytes_in": "body bytes read from the upstream",
+    "bytes_out": "body bytes written to the client",
+    "content_events_in": "events that carried content, read",
+    "content_events_out": "events that carried content, written",
+    "tokens_generated": "tokens the upstream generated",
+    "tokens_delivered": "tokens written to the client",
+    "tokens_zombie": "tokens generated after the client had gone",
+    "tokens_method": "`usage` (the provider's final count) or `estimate`",
+    "tokens_source": "`provider`, `provider_partial` or `estimated` (the metrics' `source`)",
+    "inter_token_gap_max_s": "the longest gap between two content events written",
+    "inter_token_gap_mean_s": "the mean gap between content events written",
+    "keepalives": "keep-alive comments written",
+    "cancel_propagation_s": "client gone noticed to upstream closed",
+}
+
+
+def field_table() -> str:
+    """The README's table of the stream line's fields."""
+    rows = ["| field | what it is |", "|---|---|"]
+    rows += [f"| `{name}` | {what} |" for name, what in FIELD_DOCS.items()]
+    return "\n".join(rows) + "\n"
+
+
 def stream_logger() -> Callable[[StreamRecord], None]:
     """A listener that logs each finished stream as one line."""
     logger = logging.getLogger(STREAM_LOGGER)
@@ -168,3 +208,7 @@ class RateLimitedWarnings:
             message += " (%d more like it since the last such line)"
             args = (*args, suppressed)
         self._log.warning(message, *args)
+
+
+if __name__ == "__main__":
+    print(field_table(), end="")
