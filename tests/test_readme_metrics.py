@@ -31,3 +31,15 @@ def test_the_readme_log_fields_are_the_stream_lines() -> None:
     )
     published = text.split(start, 1)[1].split(end, 1)[0]
     assert published == field_table(), "run: python -m streamwarden.logs"
+
+
+def test_the_readme_span_attributes_are_the_codes() -> None:
+    import pytest
+
+    pytest.importorskip("opentelemetry.sdk")
+    from streamwarden.telemetry import attribute_table
+
+    text = README.read_text()
+    start = "<!-- span attributes: generated from streamwarden.telemetry.ATTRIBUTES -->\n"
+    published = text.split(start, 1)[1].split("<!-- end of span attributes -->", 1)[0]
+    assert published == attribute_table()

@@ -324,6 +324,13 @@ class Settings(BaseModel):
     engine: Literal["auto", "vllm", "sglang", "tgi", "llamacpp"] = "auto"
     #: How often the engine is scraped.
     engine_scrape_interval: Duration = 5.0
+    #: OpenTelemetry: a span per request with the GenAI conventions, and the
+    #: GenAI metrics, exported over OTLP (the ``otel`` extra); the standard
+    #: ``OTEL_*`` variables apply.
+    otel_exporter: Literal["none", "otlp-http", "otlp-grpc"] = "none"
+    #: Put the request's model name in ``gen_ai.request.model`` (a user's
+    #: choice of model can be sensitive; off by default).
+    otel_record_models: bool = False
     #: More media types to treat as event streams.
     stream_media_types: tuple[str, ...] = ()
     #: Peers (CIDRs) whose X-Forwarded-For, Forwarded and X-Real-IP are kept;

@@ -248,6 +248,12 @@ class StreamMetrics:
             registry=r,
         )
 
+        self.otel_errors = Counter(
+            "streamwarden_otel_export_errors",
+            "OpenTelemetry exports (spans, metrics) that failed: the collector is down or slow.",
+            registry=r,
+        )
+
     def websocket_session(self, end: str | None) -> None:
         """A WebSocket session started (``None``) or ended, and how."""
         if end is None:

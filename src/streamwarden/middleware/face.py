@@ -67,6 +67,12 @@ class StreamWardenMiddleware:
             if ResumeService.wanted(self.settings)
             else None
         )
+        #: OpenTelemetry (otel_exporter): the otel extra, imported only when asked for.
+        self.telemetry = None
+        if self.settings.otel_exporter != "none":
+            from streamwarden.telemetry import Telemetry
+
+            self.telemetry = Telemetry(self.settings, self.metrics.otel_errors.inc)
         self._context = FaceContext(
             settings=self.settings,
             streams=self.streams,
@@ -74,6 +80,7 @@ class StreamWardenMiddleware:
             extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
             resume=self.resume,
             metrics=self.metrics,
+            telemetry=self.telemetry,
         )
         self._metrics_path = self.settings.metrics_path
 

@@ -61,6 +61,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from streamwarden.config import ResolvedRoute
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
@@ -119,6 +120,7 @@ class StreamResponder:
         "_status",
         "_stream_id",
         "_timer",
+        "_trace",
         "_unyielded",
         "_watching_early",
     )
@@ -154,6 +156,8 @@ class StreamResponder:
         self._unyielded = 0
         #: Watching for a disconnect before the response (see the module docstring).
         self._watching_early = False
+        #: The request's OpenTelemetry spans, when telemetry is on.
+        self._trace: Any = None
 
     # -- the request ---------------------------------------------------------
 
@@ -165,10 +169,29 @@ class StreamResponder:
             self._context.settings.max_concurrent_streams, self._server_send
         ):
             return
+        telemetry = self._context.telemetry
+        token = None
+        if telemetry is not None:
+            path: str = self._scope.get("path") or "/"
+            route = self._context.settings.for_path(path).route
+            headers = {name.lower(): value for name, value in scope_headers(self._scope)}
+            self._trace = telemetry.request(str(self._scope.get("method", "GET")), route, headers)
+            token = self._trace.activate()
         try:
             await self._run(app)
+        except asyncio.CancelledError:
+            self._status = 499 if self._phase is not _Phase.STREAMING else self._status
+            raise
+        except BaseException:
+            if self._phase is not _Phase.STREAMING:
+                self._status = 500
+            raise
         finally:
             admission.release()
+            if self._trace is not None:
+                self._trace.deactivate(token)
+                if self._phase is not _Phase.STREAMING:
+                    self._trace.end(self._status)
 
     async def _run(self, app: ASGIApp) -> None:
         self._app_task.started()
@@ -206,6 +229,7 @@ class StreamResponder:
             planned = self._stream_headers(message)
             if planned is None:
                 self._phase = _Phase.PASSING
+                self._status = int(message.get("status", 200))
                 # Not a stream: it holds no stream slot, even if it asked for one.
                 self._admission.release()
                 await self._server_send(message)
@@ -614,6 +638,8 @@ class StreamResponder:
             self._context.metrics.detached.dec()
         record = finished_record(self._stream_id, route.route, method, path, self._status, relay)
         self._context.streams.close(self, record)
+        if self._trace is not None:
+            self._trace.end(self._status, record)
 
 
 def _decode(message: Message) -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ exactly once, when the stream ends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamwarden.config import Settings
 from streamwarden.meter import GapObserver
@@ -36,3 +37,5 @@ class FaceContext:
     #: Resumes and stops, when some route keeps its streams for a resume.
     resume: ResumeService | None = None
     metrics: StreamMetrics | None = None
+    #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
+    telemetry: Any = None

@@ -398,6 +398,7 @@ async def _handle_model(request: web.Request) -> web.StreamResponse:
         streamed=streamed,
         tokens_planned=controls.tokens,
     )
+    record.traceparent = request.headers.get("traceparent")
     with _watching(state, record):
         return await _answer(request, fmt, answer, controls, record, streamed)
 

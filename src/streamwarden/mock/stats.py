@@ -54,6 +54,8 @@ class RequestRecord:
     """The HTTP status sent, once the response started."""
     close_code: int | None = None
     """WebSocket only: the close code of the connection."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` the request carried, if any."""
     engine: Any = field(default=None, repr=False, compare=False)
     """The simulated engine whose counters this request's tokens count in."""
 

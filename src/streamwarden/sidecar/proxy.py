@@ -24,6 +24,7 @@ import ipaddress
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -63,6 +64,9 @@ from streamwarden.sidecar.upstream import (
 from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
 from streamwarden.usage import refuses_stream_options
 
+if TYPE_CHECKING:
+    from streamwarden.telemetry import RequestTrace, Telemetry
+
 __all__ = ["Proxy"]
 
 log = logging.getLogger("streamwarden.proxy")
@@ -72,6 +76,13 @@ log = logging.getLogger("streamwarden.proxy")
 _REBUILT = frozenset({"host", "expect", "content-length", "transfer-encoding"})
 # Methods whose requests may be sent twice (RFC 9110 section 9.2.2).
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+#: Where a request keeps its OpenTelemetry spans (a typed key where aiohttp
+#: has them, 3.13 and later).
+_TRACE: Any = (
+    web.RequestKey("streamwarden_trace", object)
+    if hasattr(web, "RequestKey")
+    else "streamwarden.trace"
+)
 
 
 class Proxy:
@@ -117,6 +128,13 @@ class Proxy:
         self._trusted_networks = tuple(ipaddress.ip_network(n) for n in settings.trusted_proxies)
         self._metrics = metrics
         self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
+        #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
+        self.telemetry: Telemetry | None = None
+        if settings.otel_exporter != "none":
+            from streamwarden.telemetry import Telemetry  # the otel extra, only when asked for
+
+            on_error = metrics.otel_errors.inc if metrics is not None else None
+            self.telemetry = Telemetry(settings, on_error)
         #: Resumes and stops, when some route keeps its streams for a resume.
         self.resume: ResumeService | None = None
         if ResumeService.wanted(settings):
@@ -159,6 +177,9 @@ class Proxy:
             self.pool = None
         if self.resume is not None:
             await self.resume.close()
+        if self.telemetry is not None:
+            # Flushes what is queued; bounded by the exporters' own timeouts.
+            await asyncio.to_thread(self.telemetry.shutdown)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -190,6 +211,28 @@ class Proxy:
             url = URL(self._ws_base + request.raw_path, encoded=True)
             return await self._websockets.relay(request, url, self._forwarded_headers(request))
         route = settings.for_path(request.path)
+        trace = None
+        if self.telemetry is not None:
+            trace = self.telemetry.request(request.method, route.route, request.headers)
+            request[_TRACE] = trace
+        try:
+            response = await self._handle(request, route, started)
+        except asyncio.CancelledError:
+            if trace is not None and not trace.streaming:
+                trace.end(499)  # the client left before its answer
+            raise
+        except BaseException:
+            if trace is not None and not trace.streaming:
+                trace.end(500)
+            raise
+        if trace is not None and not trace.streaming:
+            trace.end(response.status)
+        return response
+
+    async def _handle(
+        self, request: web.Request, route: ResolvedRoute, started: float
+    ) -> web.StreamResponse:
+        settings = self.settings
         stream_limit = settings.max_concurrent_streams
         if route.resumable and self.resume is not None:
             # A resume is served from the store and never reaches the
@@ -214,6 +257,9 @@ class Proxy:
         wants_stream = asks_for_stream(
             request.headers.get("Accept"), request.query_string, body_start
         )
+        trace: RequestTrace | None = request.get(_TRACE)
+        if trace is not None:
+            trace.named_model(body_start)
         rewritten: Rewritten | None = None
         early = wants_stream and route.early_headers_after > 0
         if (
@@ -477,6 +523,9 @@ class Proxy:
         in_background = False
         driving: asyncio.Future[None] | None = None
         detached = self._metrics.detached if self._metrics is not None else None
+        trace: RequestTrace | None = request.get(_TRACE)
+        if trace is not None:
+            trace.streaming = True  # its spans end with the stream's record
 
         def conclude() -> None:
             if driver is not None:
@@ -492,6 +541,8 @@ class Proxy:
                 stream.stream_id, route.route, request.method, request.path, status, relay
             )
             self.tracker.close(stream, record)
+            if trace is not None:
+                trace.end(status, record)
 
         holds = None
         if journal is not None and resume is not None:
@@ -602,6 +653,12 @@ class Proxy:
             headers["X-Real-IP"] = remote
         headers["X-Forwarded-Proto"] = request.scheme
         headers["X-Forwarded-Host"] = request.host
+        trace: RequestTrace | None = request.get(_TRACE)
+        if trace is not None:
+            # The upstream call's own context, so the server's spans join the trace.
+            headers.popall("traceparent", None)
+            headers.popall("tracestate", None)
+            headers.update(trace.upstream_headers())
         if self._authorization is not None:
             headers["Authorization"] = self._authorization
         return headers

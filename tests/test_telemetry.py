@@ -1,0 +1,196 @@
+"""OpenTelemetry through the sidecar: spans and GenAI metrics, as a real OTLP receiver decodes them.
+
+The receiver is an aiohttp server on loopback that decodes the exporter's
+real OTLP/HTTP requests with ``opentelemetry-proto``. The client sends a
+``traceparent``; each request must become a server span under it and a
+client span for the upstream call, whose context the upstream receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+pytest.importorskip("opentelemetry.sdk")
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+)
+
+from streamwarden.mock import MockServer
+from streamwarden.sidecar import Sidecar
+from waiting import wait_for
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+CHAT = "/v1/chat/completions"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "8"}
+
+
+class Receiver:
+    """An OTLP/HTTP receiver: what the exporters really sent, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.metrics: dict[str, Any] = {}
+        self.app = web.Application()
+        self.app.router.add_post("/v1/traces", self.traces)
+        self.app.router.add_post("/v1/metrics", self.metrics_in)
+
+    async def traces(self, request: web.Request) -> web.Response:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.read())
+        for resource in message.resource_spans:
+            for scope in resource.scope_spans:
+                self.spans.extend(scope.spans)
+        return web.Response(content_type="application/x-protobuf", body=b"")
+
+    async def metrics_in(self, request: web.Request) -> web.Response:
+        message = ExportMetricsServiceRequest()
+        message.ParseFromString(await request.read())
+        for resource in message.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    self.metrics[metric.name] = metric
+        return web.Response(content_type="application/x-protobuf", body=b"")
+
+
+@pytest.fixture
+async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Receiver]:
+    served = Receiver()
+    runner = web.AppRunner(served.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    yield served
+    await runner.cleanup()
+
+
+def attributes(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in span.attributes:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        out[kv.key] = getattr(value, kind)
+    return out
+
+
+async def stream(url: str, request_id: str, **controls: str) -> None:
+    headers = {
+        **FAST,
+        **{f"x-mock-{k}": v for k, v in controls.items()},
+        "x-mock-request-id": request_id,
+        "traceparent": f"00-{TRACE_ID}-{PARENT}-01",
+    }
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + CHAT, headers=headers, json={"stream": True}) as response:
+            if controls.get("cancel"):
+                await response.content.readany()
+                response.close()
+                return
+            await response.read()
+
+
+def servers(receiver: Receiver) -> list[Any]:
+    return [s for s in receiver.spans if s.kind == 2]  # SPAN_KIND_SERVER
+
+
+async def test_each_stream_is_a_server_span_under_the_clients_trace_and_a_client_span_upstream(
+    mock: MockServer, start_sidecar: StartSidecar, receiver: Receiver
+) -> None:
+    sidecar = await start_sidecar(
+        mock.url, otel_exporter="otlp-http", upstream_idle_timeout="300ms"
+    )
+    await stream(sidecar.proxy_url, "completed")
+    await stream(sidecar.proxy_url, "truncated", fault="truncate")
+    await stream(sidecar.proxy_url, "cancelled", tokens="400", tps="20", cancel="1")
+    await stream(sidecar.proxy_url, "timed-out", fault="stall", **{"fault-after": "2"})
+    await wait_for(lambda: len(sidecar.tracker.finished) == 4, what="four streams")
+    await wait_for(lambda: len(servers(receiver)) == 4, what="four server spans exported")
+    clients = {s.parent_span_id: s for s in receiver.spans if s.kind == 3}  # CLIENT
+    by_state: dict[str, tuple[Any, Any]] = {}
+    for server in servers(receiver):
+        assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == PARENT
+        assert server.name == "POST /"
+        client = clients[server.span_id]
+        assert client.trace_id == server.trace_id
+        by_state[attributes(server)["streamwarden.end_state"]] = (server, client)
+    assert set(by_state) == {
+        "completed",
+        "upstream_truncated",
+        "client_cancelled",
+        "upstream_timeout",
+    }
+    server, client = by_state["completed"]
+    seen = attributes(server)
+    assert seen["gen_ai.operation.name"] == "chat"
+    assert seen["gen_ai.provider.name"] == "openai"
+    assert seen["gen_ai.request.stream"] is True
+    assert seen["gen_ai.usage.output_tokens"] == 8
+    assert seen["streamwarden.tokens.source"] == "provider"  # usage injection
+    assert seen["streamwarden.tokens.delivered"] == 8
+    assert seen["http.response.status_code"] == 200
+    assert client.name == "chat openai-chat"
+    assert [event.name for event in server.events] == ["gen_ai.first_token", "streamwarden.end"]
+    truncated = attributes(by_state["upstream_truncated"][0])
+    assert truncated["streamwarden.error_code"] == "stream_truncated"
+    assert by_state["upstream_truncated"][0].status.code == 2  # STATUS_CODE_ERROR
+    cancelled = attributes(by_state["client_cancelled"][0])
+    assert "streamwarden.cancel_propagation_s" in cancelled
+    timed_out = attributes(by_state["upstream_timeout"][0])
+    assert timed_out["streamwarden.error_code"] == "upstream_timeout"
+    # The upstream received the client span's context, not the client's own.
+    for request_id, state in (("completed", "completed"), ("truncated", "upstream_truncated")):
+        sent = mock.stats.get(request_id)
+        assert sent is not None and sent.traceparent is not None
+        _, trace_id, span_id, _ = sent.traceparent.split("-")
+        assert trace_id == TRACE_ID and span_id == by_state[state][1].span_id.hex()
+    # The GenAI metrics, from the same records.
+    await wait_for(
+        lambda: "gen_ai.server.time_to_first_token" in receiver.metrics,
+        what="the GenAI metrics exported",
+    )
+    ttft = receiver.metrics["gen_ai.server.time_to_first_token"].histogram
+    assert sum(p.count for p in ttft.data_points) >= 3
+    assert list(ttft.data_points[0].explicit_bounds)[:3] == [0.001, 0.005, 0.01]
+    usage = receiver.metrics["gen_ai.client.token.usage"].histogram
+    kinds = {
+        kv.value.string_value
+        for p in usage.data_points
+        for kv in p.attributes
+        if kv.key == "gen_ai.token.type"
+    }
+    assert kinds == {"output"}
+
+
+async def test_a_collector_that_is_down_never_touches_a_stream(
+    mock: MockServer, start_sidecar: StartSidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    sidecar = await start_sidecar(mock.url, otel_exporter="otlp-http")
+    for n in range(3):
+        await stream(sidecar.proxy_url, f"fine-{n}")
+    assert [r.meter.end_state for r in sidecar.tracker.finished] == ["completed"] * 3
+    await wait_for(
+        lambda: sidecar.metrics.otel_errors._value.get() >= 1,
+        timeout=30,
+        what="the failed export counted",
+    )
