@@ -194,3 +194,43 @@ async def test_a_collector_that_is_down_never_touches_a_stream(
         timeout=30,
         what="the failed export counted",
     )
+
+
+async def test_the_middleware_exports_the_same_spans_and_makes_the_upstream_call_current(
+    receiver: Receiver,
+) -> None:
+    from fastapi import FastAPI
+    from opentelemetry import trace
+    from starlette.responses import StreamingResponse
+
+    from middleware_apps import serve_in_process
+    from streamwarden.middleware import StreamWardenMiddleware
+
+    app = FastAPI()
+    seen_by_the_app: list[str] = []
+
+    @app.post(CHAT)
+    async def chat() -> StreamingResponse:
+        # What an instrumented HTTP client in the app would continue.
+        seen_by_the_app.append(format(trace.get_current_span().get_span_context().span_id, "016x"))
+
+        async def tokens() -> AsyncIterator[bytes]:
+            yield b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(tokens(), media_type="text/event-stream")
+
+    middleware = StreamWardenMiddleware(app, otel_exporter="otlp-http")
+    async with serve_in_process(middleware) as url:
+        headers = {"traceparent": f"00-{TRACE_ID}-{PARENT}-01"}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + CHAT, headers=headers, json={"stream": True}) as reply:
+                await reply.read()
+        await wait_for(lambda: len(servers(receiver)) == 1, what="the middleware's server span")
+    middleware.close()  # its exporters' threads, as the server's lifespan shutdown would
+    (server,) = servers(receiver)
+    assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == PARENT
+    (client,) = [s for s in receiver.spans if s.kind == 3]
+    assert client.parent_span_id == server.span_id
+    assert seen_by_the_app == [client.span_id.hex()]
+    assert attributes(server)["streamwarden.end_state"] == "completed"

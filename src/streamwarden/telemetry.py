@@ -277,7 +277,14 @@ class RequestTrace:
 class Telemetry:
     """The tracer and the GenAI instruments of one face."""
 
-    def __init__(self, settings: Settings, on_export_error: Any = None) -> None:
+    def __init__(
+        self, settings: Settings, on_export_error: Any = None, *, own_process: bool = False
+    ) -> None:
+        if own_process:
+            # The exporters log every retry; ours says it once a minute. Only
+            # where the process is ours (the sidecar): an app's exporters are its own.
+            logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
+            logging.getLogger("opentelemetry.sdk").setLevel(logging.CRITICAL)
         name = os.environ.get("OTEL_SERVICE_NAME") or "streamwarden"
         resource = Resource.create({SERVICE_NAME: name})
         counted = _Counted(on_export_error or (lambda: None))

@@ -17,13 +17,14 @@ and the endpoint renders the metrics of whichever instance it finds there.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
 from streamwarden.logs import log_unless_configured, stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
-from streamwarden.middleware._asgi import ASGIApp, Receive, Scope, Send
+from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
 from streamwarden.middleware.resume import answer_resume
 from streamwarden.middleware.streams import FaceContext, Streams
@@ -86,6 +87,8 @@ class StreamWardenMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "lifespan" and self.telemetry is not None:
+                receive = self._flushing_on_shutdown(receive)
             await self.app(scope, receive, send)
             return
         scope[SCOPE_KEY] = self
@@ -97,6 +100,23 @@ class StreamWardenMiddleware:
         ):
             return  # a resume or a stop: answered from the store, never by the app
         await StreamResponder(self._context, scope, receive, send).run(self.app)
+
+    def _flushing_on_shutdown(self, receive: Receive) -> Receive:
+        """The app's lifespan receive; the server's shutdown flushes the spans first."""
+        telemetry = self.telemetry
+
+        async def watched() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.shutdown" and telemetry is not None:
+                await asyncio.to_thread(telemetry.shutdown)
+            return message
+
+        return watched
+
+    def close(self) -> None:
+        """Flush and stop what runs in the background (the telemetry's exporters)."""
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
 
 
 class MetricsEndpoint:

@@ -134,7 +134,7 @@ class Proxy:
             from streamwarden.telemetry import Telemetry  # the otel extra, only when asked for
 
             on_error = metrics.otel_errors.inc if metrics is not None else None
-            self.telemetry = Telemetry(settings, on_error)
+            self.telemetry = Telemetry(settings, on_error, own_process=True)
         #: Resumes and stops, when some route keeps its streams for a resume.
         self.resume: ResumeService | None = None
         if ResumeService.wanted(settings):
