@@ -19,6 +19,9 @@ A path is a way from the load client to the upstream:
   resume store), with the memory store or a Redis (Debian's
   ``redis-server``, started for the path; its own CPU is not the
   sidecar's and is not counted);
+- ``sidecar-otel`` (ask for it by name): ``sidecar-uvloop`` with
+  OpenTelemetry on (``otel_exporter: otlp-http``), exporting to a local
+  sink (:mod:`bench.otlp_sink`, its own process);
 - ``floor`` and ``floor-httptools`` (not in a default run; ask for them by
   name): the thinnest streaming proxy Python on uvloop can be
   (:mod:`bench.floor`), raw bytes, or with httptools parsing the response:
@@ -59,7 +62,13 @@ __all__ = [
 ALL_PATHS = ("direct", "sidecar", "sidecar-uvloop", "nginx", "fastapi-mw", "fastapi")
 PROXIES = ALL_PATHS[1:]
 #: Paths a run loads only when asked for by name (``--paths``, ``Bench(...)``).
-EXTRA_PATHS = ("floor", "floor-httptools", "sidecar-resume", "sidecar-resume-redis")
+EXTRA_PATHS = (
+    "floor",
+    "floor-httptools",
+    "sidecar-resume",
+    "sidecar-resume-redis",
+    "sidecar-otel",
+)
 KNOWN_PATHS = ALL_PATHS + EXTRA_PATHS
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -73,6 +82,7 @@ _DESCRIPTIONS = {
     "fastapi": "the same FastAPI gateway without the middleware",
     "sidecar-resume": "streamwarden run --uvloop, on_client_gone: detach, memory store",
     "sidecar-resume-redis": "streamwarden run --uvloop, on_client_gone: detach, Redis store",
+    "sidecar-otel": "streamwarden run --uvloop, otel_exporter: otlp-http (a local sink)",
     "floor": "bench.floor: bytes forwarded as read, uvloop, no parsing (Python's floor)",
     "floor-httptools": "bench.floor --httptools: the floor plus httptools on the response",
 }
@@ -292,7 +302,13 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
     log = workdir / f"{name}.log"
     upstream_url = f"http://{HOST}:{upstream.port}"
     running: Running
-    if base in ("sidecar", "sidecar-uvloop", "sidecar-resume", "sidecar-resume-redis"):
+    if base in (
+        "sidecar",
+        "sidecar-uvloop",
+        "sidecar-resume",
+        "sidecar-resume-redis",
+        "sidecar-otel",
+    ):
         # A patched sidecar (bench.experiments) takes the same arguments.
         runner = ["bench.experiments", "+".join(patches)] if patches else ["streamwarden.cli"]
         args = [
@@ -309,15 +325,24 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         ]
         args += ["--event-loop", "asyncio"] if base == "sidecar" else ["--uvloop"]
         env: dict[str, str] = {}
-        redis: subprocess.Popen[bytes] | None = None
+        # A process the path needs whose CPU is not the sidecar's (Redis, the OTLP sink).
+        companion: subprocess.Popen[bytes] | None = None
         if base.startswith("sidecar-resume"):
             env["STREAMWARDEN_ON_CLIENT_GONE"] = "detach"
         if base == "sidecar-resume-redis":
-            redis, redis_port = _start_redis(workdir)
+            companion, redis_port = _start_redis(workdir)
             env["STREAMWARDEN_RESUME_STORE"] = f"redis://{HOST}:{redis_port}/0"
+        if base == "sidecar-otel":
+            sink_port = free_port()
+            companion = _popen(
+                [sys.executable, "-m", "bench.otlp_sink", "--port", str(sink_port)],
+                workdir / "otlp-sink.log",
+            )
+            env["STREAMWARDEN_OTEL_EXPORTER"] = "otlp-http"
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{HOST}:{sink_port}"
         process = _popen(args, log, env={**_child_env(), **env})
         running = Running(name, port, description, process, log, [process.pid])
-        running.companion = redis
+        running.companion = companion
         running.details["command"] = "streamwarden " + " ".join(args[args.index("run") :])
     elif name == "nginx":
         binary = nginx_binary()
