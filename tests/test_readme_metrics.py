@@ -43,3 +43,8 @@ def test_the_readme_span_attributes_are_the_codes() -> None:
     start = "<!-- span attributes: generated from streamwarden.telemetry.ATTRIBUTES -->\n"
     published = text.split(start, 1)[1].split("<!-- end of span attributes -->", 1)[0]
     assert published == attribute_table()
+    from streamwarden.telemetry import instrument_table
+
+    start = "<!-- genai metrics: generated from streamwarden.telemetry.INSTRUMENTS -->\n"
+    published = text.split(start, 1)[1].split("<!-- end of genai metrics -->", 1)[0]
+    assert published == instrument_table()

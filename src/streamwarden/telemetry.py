@@ -49,7 +49,14 @@ from streamwarden.config import Settings
 from streamwarden.logs import RateLimitedWarnings
 from streamwarden.meter import EndState, StreamRecord
 
-__all__ = ["ATTRIBUTES", "RequestTrace", "Telemetry", "attribute_table"]
+__all__ = [
+    "ATTRIBUTES",
+    "INSTRUMENTS",
+    "RequestTrace",
+    "Telemetry",
+    "attribute_table",
+    "instrument_table",
+]
 
 log = logging.getLogger("streamwarden.telemetry")
 
@@ -145,6 +152,35 @@ _FAILED = frozenset(
         EndState.SHUTDOWN,
     }
 )
+
+
+#: The GenAI metrics, each a histogram: unit, what it measures, the
+#: conventions' bucket boundaries.
+INSTRUMENTS: dict[str, tuple[str, str, list[float]]] = {
+    "gen_ai.server.time_to_first_token": ("s", "request to the first content event", _TTFT_BUCKETS),
+    "gen_ai.server.time_per_output_token": (
+        "s",
+        "mean gap between content events after the first",
+        _TPOT_BUCKETS,
+    ),
+    "gen_ai.client.operation.duration": (
+        "s",
+        "request to the end of the stream",
+        _DURATION_BUCKETS,
+    ),
+    "gen_ai.client.token.usage": (
+        "{token}",
+        "tokens generated, `gen_ai.token.type=output`",
+        [float(b) for b in _TOKEN_BUCKETS],
+    ),
+}
+
+
+def instrument_table() -> str:
+    """The README's table of the GenAI metrics."""
+    rows = ["| metric | unit | what it measures |", "|---|---|---|"]
+    rows += [f"| `{name}` | `{unit}` | {what} |" for name, (unit, what, _) in INSTRUMENTS.items()]
+    return "\n".join(rows) + "\n"
 
 
 def attribute_table() -> str:
@@ -295,30 +331,16 @@ class Telemetry:
         reader = PeriodicExportingMetricReader(_MetricExporter(metrics, counted))
         self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
         meter = self._meter_provider.get_meter("streamwarden")
-        self._ttft = meter.create_histogram(
-            "gen_ai.server.time_to_first_token",
-            unit="s",
-            description="Time to first token",
-            explicit_bucket_boundaries_advisory=_TTFT_BUCKETS,
-        )
-        self._tpot = meter.create_histogram(
-            "gen_ai.server.time_per_output_token",
-            unit="s",
-            description="Time per output token after the first",
-            explicit_bucket_boundaries_advisory=_TPOT_BUCKETS,
-        )
-        self._tokens: Histogram = meter.create_histogram(
-            "gen_ai.client.token.usage",
-            unit="{token}",
-            description="Tokens used by a request",
-            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
-        )
-        self._duration = meter.create_histogram(
-            "gen_ai.client.operation.duration",
-            unit="s",
-            description="Duration of a request",
-            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
-        )
+        made = {
+            name: meter.create_histogram(
+                name, unit=unit, description=what, explicit_bucket_boundaries_advisory=buckets
+            )
+            for name, (unit, what, buckets) in INSTRUMENTS.items()
+        }
+        self._ttft = made["gen_ai.server.time_to_first_token"]
+        self._tpot = made["gen_ai.server.time_per_output_token"]
+        self._tokens: Histogram = made["gen_ai.client.token.usage"]
+        self._duration = made["gen_ai.client.operation.duration"]
         self._propagator = TraceContextTextMapPropagator()
         self.record_models = settings.otel_record_models
 
