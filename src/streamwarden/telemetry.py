@@ -22,9 +22,11 @@ once a minute.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -429,3 +431,20 @@ class Telemetry:
     def shutdown(self) -> None:
         self._tracer_provider.shutdown()
         self._meter_provider.shutdown()
+
+    async def shutdown_within(self, seconds: float) -> None:
+        """Flush and stop, waiting at most ``seconds``: a daemon thread, so that a
+        collector that is down cannot hold the process's exit (asyncio's own
+        executor would be waited for at the end of ``asyncio.run``)."""
+        done = threading.Event()
+
+        def flush() -> None:
+            try:
+                self.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=flush, name="streamwarden-otel-shutdown", daemon=True).start()
+        deadline = time.monotonic() + seconds
+        while not done.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # polling the flush thread, bounded by ``seconds``

@@ -180,8 +180,7 @@ class Proxy:
         if self.telemetry is not None:
             # Flushes what is queued, but a collector that is down must not
             # hold the exit past the drain: 2 s, then the thread is left.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.to_thread(self.telemetry.shutdown), 2.0)
+            await self.telemetry.shutdown_within(2.0)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
