@@ -69,71 +69,55 @@ def test_the_fastapi_example_streams_through_the_middleware() -> None:
         assert 'streamwarden_streams_total{dialect="openai-chat",end_state="completed"' in metrics
 
 
-def test_the_sidecar_in_front_of_a_server_serves_the_openai_sdk() -> None:
-    server, proxy, admin = free_port(), free_port(), free_port()
-    config = str(EXAMPLES / "in-front-of-a-server.yaml")
+@contextmanager
+def sidecar_and_model(config: str, *sets: str) -> Iterator[tuple[int, int]]:
+    """The simulated model, and the sidecar from ``config`` in front of it: (model, proxy) ports."""
+    model, proxy, admin = free_port(), free_port(), free_port()
+    assignments = [f"upstream=http://127.0.0.1:{model}", *(s.format(model=model) for s in sets)]
     with (
-        running(*streamwarden("mock-upstream", "--listen", f"127.0.0.1:{server}")),
+        running(*streamwarden("mock-upstream", "--listen", f"127.0.0.1:{model}")),
         running(
             *streamwarden(
                 "run",
                 "--config",
-                config,
+                str(EXAMPLES / config),
                 "--listen",
                 f"127.0.0.1:{proxy}",
                 "--admin-listen",
                 f"127.0.0.1:{admin}",
-                "--set",
-                f"upstream=http://127.0.0.1:{server}",
-                "--set",
-                f"engine_metrics_url=http://127.0.0.1:{server}/metrics",
+                *(arg for pair in assignments for arg in ("--set", pair)),
             )
         ),
     ):
         wait_http(f"http://127.0.0.1:{admin}/healthz")
-        env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{proxy}/v1"}
-        client = subprocess.run(
-            [sys.executable, str(EXAMPLES / "chat_client.py")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
+        yield model, proxy
+
+
+def run_example(script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+
+
+def test_the_sidecar_in_front_of_a_server_serves_the_openai_sdk() -> None:
+    sets = ("engine_metrics_url=http://127.0.0.1:{model}/metrics",)
+    with sidecar_and_model("in-front-of-a-server.yaml", *sets) as (_, proxy):
+        client = run_example("chat_client.py", OPENAI_BASE_URL=f"http://127.0.0.1:{proxy}/v1")
     assert client.returncode == 0, client.stderr
     assert client.stdout.startswith("Streams should stay alive")
 
 
 def test_the_egress_example_reaches_the_provider_through_the_sidecar() -> None:
-    provider, proxy, admin = free_port(), free_port(), free_port()
-    config = str(EXAMPLES / "egress.yaml")
-    with (
-        running(*streamwarden("mock-upstream", "--listen", f"127.0.0.1:{provider}")),
-        running(
-            *streamwarden(
-                "run",
-                "--config",
-                config,
-                "--listen",
-                f"127.0.0.1:{proxy}",
-                "--admin-listen",
-                f"127.0.0.1:{admin}",
-                "--set",
-                f"upstream=http://127.0.0.1:{provider}",  # the provider, simulated
-            )
-        ),
-    ):
-        wait_http(f"http://127.0.0.1:{admin}/healthz")
-        env = {
-            **os.environ,
-            "OPENAI_API_KEY": "sk-example",
-            "STREAMWARDEN_URL": f"http://127.0.0.1:{proxy}",
-        }
-        app = subprocess.run(
-            [sys.executable, str(EXAMPLES / "egress_app.py")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
+    # The provider is simulated; the sidecar's upstream is set to it.
+    with sidecar_and_model("egress.yaml") as (_, proxy):
+        app = run_example(
+            "egress_app.py",
+            OPENAI_API_KEY="sk-example",
+            STREAMWARDEN_URL=f"http://127.0.0.1:{proxy}",
         )
     assert app.returncode == 0, app.stderr
     assert app.stdout.startswith("Streams should stay alive")

@@ -40,6 +40,7 @@ import pytest
 
 from streamwarden.engine import read_engine
 from streamwarden.sidecar import Sidecar
+from test_engine_reconcile import metric
 from waiting import wait_for, wait_until
 
 BINARY = os.environ.get("STREAMWARDEN_REAL_ENGINE", "")
@@ -76,15 +77,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def metric(sidecar: Sidecar, name: str) -> float:
-    samples = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in sidecar.metrics.render().decode().splitlines()
-        if line and not line.startswith("#")
-    }
-    return samples.get(name, 0.0)
 
 
 class LlamaServer:
