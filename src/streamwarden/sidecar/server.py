@@ -119,7 +119,7 @@ class Sidecar:
             client_max_size=self.settings.max_request_body_bytes,
             middlewares=[self.proxy.guard],
         )
-        app.router.add_route("*", "/{tail:.*}", self.proxy.handle)
+        app.router.add_route("*", "/{tail:.*}", self.proxy.handler)
         settings = self.settings
         self._proxy_runner = GuardedAppRunner(
             app,
