@@ -250,7 +250,7 @@ class ResumeService:
             return await self._refuse(answer, dialect, ResumeResult.UNAVAILABLE)
         if batch is None:
             return await self._refuse(answer, dialect, ResumeResult.EXPIRED)
-        if batch.gap:
+        if batch.gap and not batch.events:
             return await self._refuse(answer, dialect, ResumeResult.GAP)
         self._count(ResumeResult.OK)
         if batch.ended and not batch.events:
@@ -264,14 +264,15 @@ class ResumeService:
         position = asked.seq
         first = True
         while batch is not None:
-            if batch.gap:
-                await answer.write(_error_event(dialect, ErrorCode.RESUME_GAP))
-                break
             if batch.events:
+                # Whole events before a hole are still the client's: then the hole.
                 await answer.write(b"".join(batch.events))
                 position += len(batch.events)
                 if self.metrics is not None:
                     self.metrics.replayed.inc(len(batch.events))
+            if batch.gap:
+                await answer.write(_error_event(dialect, ErrorCode.RESUME_GAP))
+                break
             if batch.ended:
                 break
             if not batch.events and not first:
