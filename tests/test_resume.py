@@ -341,3 +341,17 @@ async def test_the_official_sdks_raise_on_resume_errors(
                 pass
     await anthropic_client.close()
     assert len(mock.stats.records) == 1
+
+
+async def test_a_stream_closed_for_want_of_a_resume_tells_a_late_resume_so(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, on_client_gone="detach", resume_window="200ms")
+    stream_id, first = await cut_after(sidecar.proxy_url, "late", 3, tps=50, tokens=2000)
+    await mock.stats.wait_ended("late", timeout=10)
+    await wait_for(lambda: len(sidecar.tracker.finished) == 1)
+    assert sidecar.tracker.finished[-1].meter.end_state == "detached_expired"
+    _, _, rest, _ = await resume(sidecar.proxy_url, first[-1].id or "")
+    # The events it missed, then an error it raises on: never a cut answer as if whole.
+    assert rest and "resume_expired" in rest[-1].data and "resume_window" in rest[-1].data
+    assert all(e.id.startswith(stream_id) for e in rest if e.id)

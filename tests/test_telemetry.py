@@ -234,3 +234,17 @@ async def test_the_middleware_exports_the_same_spans_and_makes_the_upstream_call
     assert client.parent_span_id == server.span_id
     assert seen_by_the_app == [client.span_id.hex()]
     assert attributes(server)["streamwarden.end_state"] == "completed"
+
+
+async def test_a_traceparent_header_is_found_whatever_its_case(receiver: Receiver) -> None:
+    from streamwarden.config import load_settings
+    from streamwarden.telemetry import Telemetry
+
+    telemetry = Telemetry(load_settings(environ={}, overrides={"otel_exporter": "otlp-http"}))
+    trace = telemetry.request("POST", "/", {"Traceparent": f"00-{TRACE_ID}-{PARENT}-01"})
+    context = trace.server.get_span_context()
+    assert format(context.trace_id, "032x") == TRACE_ID
+    trace.end(200)
+    await wait_for(lambda: len(servers(receiver)) == 1, what="the span exported")
+    assert servers(receiver)[0].parent_span_id.hex() == PARENT
+    telemetry.shutdown()

@@ -249,3 +249,20 @@ async def test_another_400_reaches_the_client_as_it_came(
     assert response.status_code == 400
     assert response.json() == {"error": {"message": "model not found"}}
     assert len(upstream.bodies) == 1  # not sent twice: the option was not the problem
+
+
+def test_a_usage_only_chunk_without_a_completion_count_is_hidden_too() -> None:
+    from streamwarden.relay import Limits, Relay
+
+    relay = Relay(
+        Limits(15.0, 60.0, 1800.0, 1 << 20),
+        started_at=0.0,
+        now=0.0,
+        path=CHAT,
+        content_type="text/event-stream",
+        headers={},
+        injected_usage=True,
+    )
+    assert relay.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\n', 0.1) == b""
+    chunk = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'
+    assert relay.feed(chunk, 0.2) == b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'

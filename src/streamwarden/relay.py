@@ -77,6 +77,16 @@ _ENDINGS: dict[ErrorCode, tuple[EndState, str]] = {
     ),
     ErrorCode.SHUTTING_DOWN: (EndState.SHUTDOWN, "the proxy is shutting down"),
 }
+# What a resumed client is told of a stream whose end wrote no error event.
+_SEALS: dict[EndState, tuple[ErrorCode, str]] = {
+    EndState.DETACHED_EXPIRED: (
+        ErrorCode.RESUME_EXPIRED,
+        "the stream was closed: nobody resumed it within resume_window",
+    ),
+    EndState.CLIENT_CANCELLED: (ErrorCode.RESUME_EXPIRED, "the stream was stopped"),
+    EndState.SHUTDOWN: (ErrorCode.SHUTTING_DOWN, "the proxy shut down"),
+}
+_SEAL_OTHER = (ErrorCode.UPSTREAM_ERROR, "the stream ended before its answer")
 # A truncation inside a block or line says so: for a dialect with no terminal
 # event that is the whole story, for the others it comes before the terminal.
 _TRUNCATED_INSIDE = "the upstream ended the stream inside an unfinished {unit}"
@@ -327,6 +337,27 @@ class Relay:
         if not self.done:
             self._client_gone = True
             self.meter.end(EndState.CLIENT_CANCELLED, now)
+
+    def seal_journal(self) -> None:
+        """End a journaled stream's record with an error event if its end wrote none.
+
+        A stream can end without its terminal event and without a synthesized
+        error (nobody resumed it in time, its owner stopped it, the face cut
+        it): a client that resumes it must be told so, never handed the cut
+        answer as if it were whole. Nothing goes to this stream's own client.
+        """
+        journal = self.journal
+        state = self.meter.end_state
+        if (
+            journal is None
+            or self._framing != "sse"
+            or self._terminal_seen
+            or self.meter.error_code is not None
+            or state in (None, EndState.COMPLETED, EndState.DRAINED)
+        ):
+            return
+        code, reason = _SEALS.get(state, _SEAL_OTHER)
+        journal.record(self._dialect.error_event(code, f"streamwarden: {reason} ({code})"))
 
     def resumed(self) -> None:
         """A resumed client received what this stream's own client missed: no zombies."""

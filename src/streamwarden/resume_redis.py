@@ -51,8 +51,10 @@ __all__ = ["RedisBackend"]
 
 log = logging.getLogger("streamwarden.resume")
 
-#: Most writes waiting for Redis; past it, writes are dropped (and counted).
+#: Most writes, and most bytes of events, waiting for Redis; past either,
+#: writes are dropped (and counted): events can be megabytes each.
 MAX_QUEUED_WRITES = 20_000
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
 #: Most writes sent in one call of the script.
 BATCH = 512
 #: Longest a resume's read may wait for Redis beyond its own wait.
@@ -70,7 +72,10 @@ Command = tuple[str, str, Any, Any]
 #: XADD <id> end <state> (the stream's end), "h" HSET <field> <value>, "e"
 #: PEXPIRE <ms>, "t" XTRIM MINID <id>. pcall: one failed write (a stream
 #: whose Redis restarted under it) does not lose the rest of the batch.
+#: The last ARGV is the TTL a key gets if it has none yet: whatever writes
+#: were dropped before it, no key of ours is left without an expiry.
 APPLY = """
+local ttl = ARGV[#ARGV]
 for i = 1, #KEYS do
   local op, a, b = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   if op == "a" then redis.pcall("XADD", KEYS[i], a, "d", b)
@@ -78,6 +83,9 @@ for i = 1, #KEYS do
   elseif op == "h" then redis.pcall("HSET", KEYS[i], a, b)
   elseif op == "e" then redis.pcall("PEXPIRE", KEYS[i], a)
   elseif op == "t" then redis.pcall("XTRIM", KEYS[i], "MINID", a)
+  end
+  if op ~= "e" and redis.call("PTTL", KEYS[i]) == -1 then
+    redis.pcall("PEXPIRE", KEYS[i], ttl)
   end
 end
 return #KEYS
@@ -151,6 +159,7 @@ class RedisBackend:
         self.live_ttl_ms = int((settings.max_stream_duration or 86400.0) * 1000) + self.ended_ttl_ms
         self._client: redis_asyncio.Redis | None = None
         self._queue: deque[Command] = deque()
+        self._queued_bytes = 0
         self._queued = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._apply: AsyncScript | None = None
@@ -206,10 +215,12 @@ class RedisBackend:
         return _RedisJournal(self, stream_id)
 
     def enqueue(self, command: Command) -> None:
-        if len(self._queue) >= MAX_QUEUED_WRITES:
+        size = len(command[3]) if command[0] == "a" else 0
+        if len(self._queue) >= MAX_QUEUED_WRITES or self._queued_bytes + size > MAX_QUEUED_BYTES:
             self._error("the write queue is full")
             return
         self._queue.append(command)
+        self._queued_bytes += size
         self._queued.set()
 
     async def _write_loop(self) -> None:
@@ -241,6 +252,9 @@ class RedisBackend:
         args: list[Any] = []
         for op, _, first, second in batch:
             args += (op, first, second)
+            if op == "a":
+                self._queued_bytes -= len(second)
+        args.append(self.live_ttl_ms)
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 await self._apply(keys=keys, args=args)

@@ -26,6 +26,7 @@ browser's ``EventSource`` from reconnecting.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -86,6 +87,7 @@ _CODES = {
     ResumeResult.UNAVAILABLE: ErrorCode.RESUME_UNAVAILABLE,
 }
 _REASONS = {
+    ErrorCode.UPSTREAM_TIMEOUT: "the stream to resume made no progress for too long",
     ErrorCode.RESUME_EXPIRED: "the stream to resume is unknown or has expired",
     ErrorCode.RESUME_GAP: "the events after the resume position are no longer kept",
     ErrorCode.RESUME_UNAVAILABLE: "the resume store is unavailable",
@@ -99,6 +101,22 @@ def _dialect_for(setting: str, path: str) -> Dialect:
 
 def _error_event(dialect: Dialect, code: ErrorCode) -> bytes:
     return dialect.error_event(str(code), f"streamwarden: {_REASONS[code]} ({code})")
+
+
+#: Most bytes of replayed events written at once (the hold is renewed between).
+_PIECE = 64 * 1024
+
+
+def _pieces(events: list[bytes]) -> list[list[bytes]]:
+    pieces: list[list[bytes]] = [[]]
+    size = 0
+    for event in events:
+        if size and size + len(event) > _PIECE:
+            pieces.append([])
+            size = 0
+        pieces[-1].append(event)
+        size += len(event)
+    return pieces
 
 
 def _stream_headers(stream_id: str | None) -> list[tuple[str, str]]:
@@ -263,13 +281,26 @@ class ResumeService:
         await answer.start(200, _stream_headers(stream_id))
         position = asked.seq
         first = True
+        clock = asyncio.get_running_loop()
+        idle_limit = route.limits.upstream_idle_timeout
+        progressed = clock.time()
         while batch is not None:
             if batch.events:
-                # Whole events before a hole are still the client's: then the hole.
-                await answer.write(b"".join(batch.events))
+                # Whole events before a hole are still the client's: then the
+                # hole. In pieces, holding the stream before each, so that a
+                # long replay to a slow client does not outlast its hold.
+                for piece in _pieces(batch.events):
+                    await backend.hold(stream_id, window)
+                    await answer.write(b"".join(piece))
                 position += len(batch.events)
+                progressed = clock.time()
                 if self.metrics is not None:
                     self.metrics.replayed.inc(len(batch.events))
+            elif idle_limit > 0 and clock.time() - progressed > idle_limit:
+                # No event and no end for that long: the stream's writer is gone
+                # (a replica that died, an end entry that was dropped).
+                await answer.write(_error_event(dialect, ErrorCode.UPSTREAM_TIMEOUT))
+                break
             if batch.gap:
                 await answer.write(_error_event(dialect, ErrorCode.RESUME_GAP))
                 break

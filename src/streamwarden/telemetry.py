@@ -348,7 +348,9 @@ class Telemetry:
 
     def request(self, method: str, route: str, headers: Mapping[str, str]) -> RequestTrace:
         """Start a request's spans, under the client's ``traceparent`` if it sent one."""
-        parent: Context = self._propagator.extract(carrier=dict(headers.items()))
+        # The propagator looks names up as written: header names are any case.
+        carrier = {name.lower(): value for name, value in headers.items()}
+        parent: Context = self._propagator.extract(carrier=carrier)
         server = self.tracer.start_span(
             f"{method} {route}",
             context=parent,

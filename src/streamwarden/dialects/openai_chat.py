@@ -50,9 +50,11 @@ class OpenAIChat(Dialect):
         text = _choices_text(choices)
         usage = obj.get("usage")
         tokens = as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
-        if not text and tokens is None:
+        # The usage chunk has "choices": [] (with a count or not): the one a
+        # client that did not ask for usage must not see.
+        usage_only = choices == [] and isinstance(usage, dict)
+        if not text and tokens is None and not usage_only:
             return NOTHING
-        usage_only = tokens is not None and choices == []
         return Observation(text=text, output_tokens=tokens, usage_only=usage_only)
 
     def error_event(self, code: str, message: str) -> bytes:

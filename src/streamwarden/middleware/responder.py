@@ -633,6 +633,7 @@ class StreamResponder:
         method, path = str(scope.get("method", "")), str(scope.get("path", ""))
         journal, resume = relay.journal, self._context.resume
         if journal is not None and resume is not None:
+            relay.seal_journal()
             resume.finished(journal, str(relay.end_state), relay.dialect)
         if self._detached and self._context.metrics is not None:
             self._context.metrics.detached.dec()

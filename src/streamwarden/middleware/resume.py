@@ -30,15 +30,18 @@ def scope_headers(scope: Scope) -> list[tuple[str, str]]:
 class _ASGIAnswer:
     """An :class:`~streamwarden.resume_service.Answer` over ASGI ``send``."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, write_timeout: float) -> None:
         self._send = send
+        #: A client that takes no bytes for this long is cut (client_write_timeout).
+        self._write_timeout = write_timeout or None
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         encoded = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
         await self._send({"type": "http.response.start", "status": status, "headers": encoded})
 
     async def write(self, data: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        async with asyncio.timeout(self._write_timeout):
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def finish(self) -> None:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -69,7 +72,8 @@ async def answer_resume(
     if asked is None:
         return False
     await service.ensure_started()
-    serving = asyncio.ensure_future(service.serve(asked, headers, path, route, _ASGIAnswer(send)))
+    answer = _ASGIAnswer(send, route.client_write_timeout)
+    serving = asyncio.ensure_future(service.serve(asked, headers, path, route, answer))
     left = False
 
     async def watch() -> None:
@@ -87,8 +91,8 @@ async def answer_resume(
     except asyncio.CancelledError:
         if not left:
             raise
-    except OSError:
-        pass  # the resumed client left too (ASGI 2.4 servers raise on send)
+    except (OSError, TimeoutError):
+        pass  # the resumed client left too (ASGI 2.4 servers raise on send), or stalled
     finally:
         watcher.cancel()
         serving.cancel()

@@ -284,6 +284,8 @@ class StreamDriver(_Conduit):
                     self.stream.timer = timer
                     await asyncio.wait({opening})  # never cancels the opening itself
             except TimeoutError:
+                if self._holds is not None and relay.detach_due(loop.time()):
+                    await self._ask_holds()
                 self._gather(relay.poll(loop.time()))
                 self.flush()
             finally:

@@ -539,6 +539,7 @@ class Proxy:
             if not relay.done:  # an unexpected error in this face
                 relay.client_gone(loop.time())
             if journal is not None and resume is not None:
+                relay.seal_journal()
                 resume.finished(journal, str(relay.end_state), relay.dialect)
             if in_background and detached is not None and journal is not None:
                 detached.dec()

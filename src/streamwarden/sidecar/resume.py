@@ -7,6 +7,7 @@ into an aiohttp response.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from aiohttp import web
@@ -23,9 +24,11 @@ __all__ = ["position", "serve_resume", "stop_stream"]
 class _AiohttpAnswer:
     """An :class:`~streamwarden.resume_service.Answer` over an aiohttp response."""
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, write_timeout: float) -> None:
         self.request = request
         self.response: web.StreamResponse = web.Response(status=204)
+        #: A client that takes no bytes for this long is cut (client_write_timeout).
+        self._write_timeout = write_timeout or None
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         if status == 204:
@@ -39,7 +42,8 @@ class _AiohttpAnswer:
     async def write(self, data: bytes) -> None:
         if isinstance(self.response, web.Response):
             return
-        await self.response.write(data)
+        async with asyncio.timeout(self._write_timeout):
+            await self.response.write(data)
 
     async def finish(self) -> None:
         if not isinstance(self.response, web.Response):
@@ -55,9 +59,14 @@ async def serve_resume(
     service: ResumeService, request: web.Request, route: ResolvedRoute, asked: Position | str
 ) -> web.StreamResponse:
     """Answer a resume from the store; never forwarded upstream."""
-    answer = _AiohttpAnswer(request)
-    with contextlib.suppress(*CLIENT_GONE):
-        await service.serve(asked, request.headers.items(), request.path, route, answer)
+    answer = _AiohttpAnswer(request, route.client_write_timeout)
+    try:
+        with contextlib.suppress(*CLIENT_GONE):
+            await service.serve(asked, request.headers.items(), request.path, route, answer)
+    except TimeoutError:
+        # Too slow to read its replay: cut, as a slow client of a stream is.
+        if request.transport is not None:
+            request.transport.abort()
     return answer.response
 
 
