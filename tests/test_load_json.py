@@ -31,8 +31,23 @@ TRICKY = [
 HUGE = ['{"n": 20000000000000000000}', "-9223372036854775809"]
 
 
+def _past_64_bits(value: Any) -> bool:
+    """Holds an integer orjson reads as a float (the one documented difference)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return not -(2**63) <= value < 2**64
+    if isinstance(value, list):
+        return any(_past_64_bits(v) for v in value)
+    if isinstance(value, dict):
+        return any(_past_64_bits(v) for v in value.values())
+    return False
+
+
 def _same(data: str) -> None:
     fast, stdlib = base._load_json_fast(data), base._load_json_stdlib(data)
+    if _past_64_bits(stdlib):
+        return  # test_integers_past_64_bits_differ_but_no_dialect_counts_them
     # repr: NaN != NaN, and 1 == 1.0 == True must not pass for one another.
     assert repr(fast) == repr(stdlib), data
 
