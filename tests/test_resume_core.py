@@ -109,3 +109,13 @@ def test_the_memory_store_bounds_all_streams_and_expires_ended_ones() -> None:
     assert store.find("live") is not None
     clock.now = 10.0
     assert store.find("live") is None and store.total_bytes == 0
+
+
+def test_removing_an_id_line_never_joins_a_cr_with_the_blocks_end() -> None:
+    from streamwarden.resume import strip_ids
+
+    # "\r" ends the comment; removing "id\n" must not turn "\r" + "\n" into one CRLF.
+    decoder = SSEDecoder()
+    assert decoder.feed(strip_ids(b": c\rid\n\n") + b"data: next\n\n")[0].data == "next"
+    (event,) = SSEDecoder().feed(stamp(b"data: \rid\n\n", b"abc.7"))
+    assert (event.data, event.id) == ("", "abc.7")

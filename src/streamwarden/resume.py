@@ -150,18 +150,29 @@ def stamp(raw: bytes, event_id: bytes) -> bytes:
     return b"%bid: %b\n\n" % (_fields(raw), event_id)
 
 
+def _split_end(raw: bytes) -> tuple[bytes, bytes]:
+    """A block's field lines, and the line end of the empty line that ended it."""
+    if raw.endswith(b"\r\n"):
+        return raw[:-2], b"\r\n"
+    if raw.endswith((b"\n", b"\r")):
+        return raw[:-1], raw[-1:]
+    return raw, b""
+
+
 def _fields(raw: bytes) -> bytes:
-    """A block's field lines, without the empty line that ended it (nor id lines)."""
-    block = _without_ids(raw)
-    # Drop that one line end, so the last field line keeps its own.
-    if block.endswith(b"\n"):
-        return block[:-2] if block.endswith(b"\r\n") else block[:-1]
-    return block[:-1] if block.endswith(b"\r") else block
+    """A block's field lines, without the empty line that ended it (nor id lines).
+
+    The empty line's end goes first: removing an id line before it could
+    join the CR ending the line above with that LF into one CRLF, and so
+    fold the block's end into its last field line.
+    """
+    return _without_ids(_split_end(raw)[0])
 
 
 def strip_ids(raw: bytes) -> bytes:
     """A block that dispatches no event, without ``id`` lines (which would still set one)."""
-    return _without_ids(raw)
+    body, end = _split_end(raw)
+    return _without_ids(body) + end
 
 
 class JournalSink(Protocol):
@@ -213,8 +224,6 @@ class StoredStream:
         "first_seq",
         "last_seq",
         "owner",
-        "readers",
-        "stop",
         "stream_id",
     )
 
@@ -234,10 +243,6 @@ class StoredStream:
         #: The end state once the stream ended, else ``None``.
         self.ended: str | None = None
         self.ended_at: float | None = None
-        #: Resumed clients reading this stream now.
-        self.readers = 0
-        #: Called to stop the stream at once (an explicit ``DELETE``).
-        self.stop: Callable[[], None] | None = None
         self._listeners: list[Callable[[], None]] = []
 
     # JournalSink
