@@ -188,14 +188,8 @@ async def test_redis_killed_mid_stream_leaves_the_live_stream_untouched(
                 return STREAM_ID_HEADER in response.headers
 
     await wait_until(offered, what="new streams are offered for resume again")
+    _, again_head = await cut_after(first.proxy_url, "after", 3, tps=20, tokens=tokens)
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            first.proxy_url + CHAT,
-            headers=mock_headers("after", tps=20, tokens=tokens),
-            json={"stream": True},
-        ) as response:
-            again_head = await read_events(response, until=lambda got: len(got) >= 3)
-            response.close()
         async with session.get(
             second.proxy_url + CHAT, headers={**KEY, "Last-Event-ID": again_head[-1].id or ""}
         ) as again:
