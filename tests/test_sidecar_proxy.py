@@ -425,6 +425,26 @@ async def test_no_open_proxy_absolute_form_and_connect_are_refused(
     assert mock.stats.records == ()  # nothing reached the upstream
 
 
+async def test_an_expectation_other_than_100_continue_is_a_417_and_nothing_is_forwarded(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    head = await raw_exchange(
+        sidecar.proxy_port,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\n"
+        b"Content-Length: 2\r\n\r\n",
+    )
+    assert head.startswith(b"HTTP/1.1 417")
+    continued = await raw_exchange(
+        sidecar.proxy_port,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\n"
+        b"Content-Length: 2\r\n\r\n",
+    )
+    # The interim answer comes before the body is sent (here: never sent).
+    assert continued == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert mock.stats.records == ()
+
+
 async def test_admin_port_and_proxy_port_never_mix(
     mock: MockServer, start_sidecar: StartSidecar
 ) -> None:

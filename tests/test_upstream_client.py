@@ -384,9 +384,11 @@ async def test_expect_100_continue_uploads_complete_against_an_upstream_that_nev
                     )
 
         sidecar = await start_sidecar(upstream.url)
-        # curl sends Expect: 100-continue for an upload this large.
+        # curl sends Expect: 100-continue for an upload this large, and here
+        # waits for the 100 longer than it may run: the sidecar must send it.
         curl = await asyncio.create_subprocess_exec(
-            "curl", "-sS", "--max-time", "20", "-H", "Expect: 100-continue",
+            "curl", "-sS", "--max-time", "20", "--expect100-timeout", "60",
+            "-H", "Expect: 100-continue",
             "--data-binary", f"@{upload}", sidecar.proxy_url + "/up",
             stdout=subprocess.PIPE,
         )  # fmt: skip

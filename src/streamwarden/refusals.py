@@ -41,6 +41,9 @@ class RefusalKind(Enum):
 
     METHOD_NOT_ALLOWED = Refusal(405, "method_not_allowed", "CONNECT is not proxied")
     BAD_REQUEST_TARGET = Refusal(400, "bad_request_target", "only origin-form request targets")
+    EXPECTATION_FAILED = Refusal(
+        417, "expectation_failed", "only the expectation 100-continue is understood"
+    )
     REQUEST_TOO_LARGE = Refusal(413, "request_too_large", "request body over {limit} bytes")
     REQUEST_BODY_INCOMPLETE = Refusal(
         400, "request_body_incomplete", "the request body ended before its end"

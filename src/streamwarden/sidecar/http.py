@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import ClientConnectionResetError, web
@@ -41,7 +41,7 @@ from aiohttp.web_protocol import RequestHandler
 from streamwarden.logs import RateLimitedWarnings
 from streamwarden.refusals import RefusalKind
 
-__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedAppRunner", "refuse"]
+__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedServer", "refuse"]
 
 #: How a write to a client that has gone surfaces.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
@@ -184,7 +184,7 @@ class ClientChannel:
         protocol = request.protocol
         transport = request.transport
         if not isinstance(protocol, _GuardedRequestHandler) or transport is None:
-            raise RuntimeError("the proxy runs only behind GuardedAppRunner's connections")
+            raise RuntimeError("the proxy runs only behind GuardedServer's connections")
         self._protocol = protocol
         self._transport = transport
         #: aiohttp chose chunked framing for this response (HTTP/1.1, no length).
@@ -245,29 +245,37 @@ def _refusal(exc: BadHttpMessage, in_headers: bool) -> tuple[int, str]:
 _SHARED_WARNINGS = RateLimitedWarnings()
 
 
-class _GuardedServer(web.Server):
+class GuardedServer(web.Server):
+    """aiohttp's low-level server, whose connections refuse precisely and time out slow headers.
+
+    The proxy has one handler for every target, so it needs neither aiohttp's
+    router nor its middleware chain: each is a coroutine frame more in every
+    open stream, and a route match per request.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+        *,
+        header_deadline: float,
+        on_refused: RefusalCounter | None = None,
+        warnings: RateLimitedWarnings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(handler, **kwargs)
+        self._header_deadline = header_deadline
+        self._on_refused = on_refused
+        self._warnings = warnings or _SHARED_WARNINGS
+
     def __call__(self) -> RequestHandler:
-        kwargs = dict(self._kwargs)
-        deadline = float(kwargs.pop("header_deadline", 0.0))
-        on_refused = kwargs.pop("on_refused", None)
-        warnings = kwargs.pop("warnings", None) or _SHARED_WARNINGS
         return _GuardedRequestHandler(
             self,
             loop=self._loop,
-            header_deadline=deadline,
-            on_refused=on_refused,
-            warnings=warnings,
-            **kwargs,
+            header_deadline=self._header_deadline,
+            on_refused=self._on_refused,
+            warnings=self._warnings,
+            **self._kwargs,
         )
-
-
-class GuardedAppRunner(web.AppRunner):
-    """An ``AppRunner`` whose connections refuse precisely and time out slow headers."""
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _GuardedServer
-        return server
 
 
 def _check_aiohttp() -> None:
@@ -283,8 +291,9 @@ def _check_aiohttp() -> None:
         for name in ("_drain_helper", "writing_paused", "eof_received", "handle_error")
         if not hasattr(RequestHandler, name)
     ]
-    if not hasattr(web.AppRunner, "_make_server"):
-        missing.append("AppRunner._make_server")
+    # GuardedServer builds each connection's handler from what Server.__init__ kept.
+    kept = web.Server.__init__.__code__.co_names
+    missing += [f"Server.{name}" for name in ("_kwargs", "_loop") if name not in kept]
     if missing:
         import aiohttp
 

@@ -53,7 +53,7 @@ class UsageInjector:
         self.max_body_bytes = max_body_bytes
         self._refused_until = 0.0
 
-    def wanted(self, request: web.Request, route: ResolvedRoute) -> bool:
+    def wanted(self, request: web.BaseRequest, route: ResolvedRoute) -> bool:
         """A streaming POST to an OpenAI-chat path on a route with ``usage_injection: auto``."""
         if route.usage_injection != "auto" or request.method != "POST":
             return False
@@ -66,7 +66,7 @@ class UsageInjector:
         )
         return found.dialect.name == "openai-chat"
 
-    async def read(self, request: web.Request, start: bytes) -> tuple[bytes, bool]:
+    async def read(self, request: web.BaseRequest, start: bytes) -> tuple[bytes, bool]:
         """The body read on from ``start``, up to the bound: (bytes, whole)."""
         parts = [start]
         size = len(start)

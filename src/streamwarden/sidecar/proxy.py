@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -182,28 +181,15 @@ class Proxy:
             # hold the exit past the drain: 2 s, then the thread is left.
             await self.telemetry.shutdown_within(2.0)
 
-    @web.middleware
-    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """No open proxy: only origin-form targets reach the upstream, never CONNECT.
-
-        Runs before routing so that targets the router cannot match
-        (``CONNECT host:443``, ``GET http://other/``) get a clear refusal.
-        """
-        if request.method == "CONNECT":
-            return refuse(RefusalKind.METHOD_NOT_ALLOWED)
-        if not request.raw_path.startswith("/"):
-            return refuse(RefusalKind.BAD_REQUEST_TARGET)
-        return await handler(request)
-
     # -- the handler -----------------------------------------------------------
 
     @property
-    def handler(self) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def handler(self) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
         """The request handler: traced when telemetry is on, else without the wrapper
         (one coroutine less per request: its frame is part of every idle stream's memory)."""
         return self._handle if self.telemetry is None else self.handle
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The handler, with the request's OpenTelemetry spans around it."""
         assert self.telemetry is not None
         route = self.settings.for_path(request.path)
@@ -223,8 +209,14 @@ class Proxy:
             trace.end(response.status)
         return response
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         started = asyncio.get_running_loop().time()
+        # No open proxy: only origin-form targets reach the upstream, never
+        # CONNECT (nor ``GET http://other/``).
+        if request.method == "CONNECT":
+            return refuse(RefusalKind.METHOD_NOT_ALLOWED)
+        if not request.raw_path.startswith("/"):
+            return refuse(RefusalKind.BAD_REQUEST_TARGET)
         settings = self.settings
         if log.isEnabledFor(logging.DEBUG):
             headers_seen = redact(request.headers.items(), settings.redact_headers)
@@ -257,6 +249,8 @@ class Proxy:
                     held.release()
         body_start = b""
         if request.body_exists:
+            if "Expect" in request.headers and not await _continue(request):
+                return refuse(RefusalKind.EXPECTATION_FAILED)
             # Enough of the body to see '"stream": true'; it is sent on unchanged.
             body_start = await request.content.readany()
         wants_stream = asks_for_stream(
@@ -292,7 +286,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         head: bytes,
         body: RequestBody | None,
         route: ResolvedRoute,
@@ -311,21 +305,27 @@ class Proxy:
         option gets the client's own request once more.
         """
         assert self.pool is not None
-        opening = asyncio.ensure_future(self._exchange(request, head, body))
         injected = rewritten is not None
+        opening: asyncio.Future[Exchange] | None = None
         try:
             if early:
+                opening = asyncio.ensure_future(self._exchange(request, head, body))
                 await asyncio.wait({opening}, timeout=route.early_headers_after)
                 if not opening.done():
                     return await self._relay_early(request, opening, route, started, slot)
-            exchange = await opening
+                exchange = opening.result()
+            else:
+                # Awaited in this task: a task of its own would stay referenced,
+                # done, for the whole stream.
+                exchange = await self._exchange(request, head, body)
             if rewritten is not None and exchange.head.status == 400:
                 answered = await self._refused_injection(request, exchange, rewritten)
                 if isinstance(answered, Buffered):
                     return _buffered_response(answered)
                 exchange, injected = answered, False
         except asyncio.CancelledError:
-            opening.cancel()
+            if opening is not None:
+                opening.cancel()
             raise
         except UpstreamError as exc:
             return self._refusal_for(exc)
@@ -338,7 +338,7 @@ class Proxy:
         return await self._relay(request, exchange, plan, route, started, slot, injected=injected)
 
     def _exchange(
-        self, request: web.Request, head: bytes, body: RequestBody | None
+        self, request: web.BaseRequest, head: bytes, body: RequestBody | None
     ) -> Awaitable[Exchange]:
         assert self.pool is not None
         return open_exchange(
@@ -351,7 +351,7 @@ class Proxy:
         )
 
     async def _refused_injection(
-        self, request: web.Request, exchange: Exchange, rewritten: Rewritten
+        self, request: web.BaseRequest, exchange: Exchange, rewritten: Rewritten
     ) -> Exchange | Buffered:
         """A 400 to a request the sidecar asked usage for: the option's fault, or the request's?
 
@@ -402,7 +402,7 @@ class Proxy:
 
     def _new_stream(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         route: ResolvedRoute,
         started: float,
         plan: StreamPlan,
@@ -427,7 +427,7 @@ class Proxy:
 
     async def _relay(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         exchange: Exchange,
         plan: StreamPlan,
         route: ResolvedRoute,
@@ -455,7 +455,7 @@ class Proxy:
 
     async def _relay_early(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         opening: asyncio.Future[Exchange],
         route: ResolvedRoute,
         started: float,
@@ -500,7 +500,7 @@ class Proxy:
 
     async def _run_stream(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         response: web.StreamResponse,
         stream: ActiveStream,
         plan: StreamPlan,
@@ -572,22 +572,27 @@ class Proxy:
             channel.on_gone(driver.client_gone)
             if journal is not None and resume is not None:
                 resume.running(journal, request.headers.items(), driver.stop, relay.resumed)
-            driving = asyncio.ensure_future(drive(driver))
-            try:
-                # Shielded: with on_client_gone: drain the stream outlives the
-                # handler that aiohttp cancels when the client leaves.
-                await asyncio.shield(driving)
-            except asyncio.CancelledError:
-                if reads_on and relay.draining and not driving.done():
-                    in_background = True
-                    if detached is not None and journal is not None:
-                        detached.inc()
-                    self._draining.add(driving)
-                    driving.add_done_callback(self._draining.discard)
-                    driving.add_done_callback(lambda _: conclude())
-                else:
-                    driving.cancel()
-                raise
+            if not reads_on:
+                # In the handler's own task: a task more per stream would be
+                # memory in every open stream, and nothing outlives the client.
+                await drive(driver)
+            else:
+                driving = asyncio.ensure_future(drive(driver))
+                try:
+                    # Shielded: with on_client_gone: drain or detach the stream
+                    # outlives the handler that aiohttp cancels when the client leaves.
+                    await asyncio.shield(driving)
+                except asyncio.CancelledError:
+                    if relay.draining and not driving.done():
+                        in_background = True
+                        if detached is not None and journal is not None:
+                            detached.inc()
+                        self._draining.add(driving)
+                        driving.add_done_callback(self._draining.discard)
+                        driving.add_done_callback(lambda _: conclude())
+                    else:
+                        driving.cancel()
+                    raise
             # The slot goes back before the end reaches the client: it may ask
             # again the moment it has it (an agent loop does).
             slot.release()
@@ -612,7 +617,7 @@ class Proxy:
                 conclude()
 
     async def _pass_through(
-        self, request: web.Request, exchange: Exchange, route: ResolvedRoute
+        self, request: web.BaseRequest, exchange: Exchange, route: ResolvedRoute
     ) -> web.StreamResponse:
         upstream = exchange.head
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -636,7 +641,7 @@ class Proxy:
 
     # -- the request -----------------------------------------------------------
 
-    def _forwarded_headers(self, request: web.Request) -> CIMultiDict[str]:
+    def _forwarded_headers(self, request: web.BaseRequest) -> CIMultiDict[str]:
         headers: CIMultiDict[str] = CIMultiDict(drop_hop_by_hop(request.headers.items()))
         for name in _REBUILT:
             headers.popall(name, None)
@@ -679,7 +684,7 @@ class Proxy:
         return any(address in network for network in self._trusted_networks)
 
     def _request_body(
-        self, request: web.Request, start: bytes, rewritten: Rewritten | None = None
+        self, request: web.BaseRequest, start: bytes, rewritten: Rewritten | None = None
     ) -> RequestBody | None:
         if not request.body_exists:
             return None
@@ -701,7 +706,7 @@ class Proxy:
 
     def _request_head(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         body: RequestBody | None,
         rewritten: Rewritten | None = None,
         length: int | None = None,
@@ -716,6 +721,20 @@ class Proxy:
         elif request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         return request_head(request.method, self._prefix + request.raw_path, headers.items())
+
+
+async def _continue(request: web.BaseRequest) -> bool:
+    """Answer ``Expect: 100-continue`` before the body is read; ``False`` for any other.
+
+    The sidecar answers it itself and never forwards ``Expect``: an upstream
+    that ignores the header would hold the body (and the client) forever.
+    """
+    if request.headers["Expect"].strip().lower() != "100-continue":
+        return False
+    if request.version >= aiohttp.HttpVersion11:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response itself has not started
+    return True
 
 
 def _name_stream(response: web.StreamResponse, stream: ActiveStream) -> None:

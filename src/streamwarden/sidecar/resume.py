@@ -24,7 +24,7 @@ __all__ = ["position", "serve_resume", "stop_stream"]
 class _AiohttpAnswer:
     """An :class:`~streamwarden.resume_service.Answer` over an aiohttp response."""
 
-    def __init__(self, request: web.Request, write_timeout: float) -> None:
+    def __init__(self, request: web.BaseRequest, write_timeout: float) -> None:
         self.request = request
         self.response: web.StreamResponse = web.Response(status=204)
         #: A client that takes no bytes for this long is cut (client_write_timeout).
@@ -50,13 +50,13 @@ class _AiohttpAnswer:
             await self.response.write_eof()
 
 
-def position(request: web.Request) -> Position | str | None:
+def position(request: web.BaseRequest) -> Position | str | None:
     """The position the request resumes from, if it is a resume."""
     return ResumeService.position(request.headers.get("Last-Event-ID"), request.query_string)
 
 
 async def serve_resume(
-    service: ResumeService, request: web.Request, route: ResolvedRoute, asked: Position | str
+    service: ResumeService, request: web.BaseRequest, route: ResolvedRoute, asked: Position | str
 ) -> web.StreamResponse:
     """Answer a resume from the store; never forwarded upstream."""
     answer = _AiohttpAnswer(request, route.client_write_timeout)
@@ -71,7 +71,7 @@ async def serve_resume(
 
 
 async def stop_stream(
-    service: ResumeService, request: web.Request, asked: Position | str | None
+    service: ResumeService, request: web.BaseRequest, asked: Position | str | None
 ) -> web.Response:
     """``DELETE`` of a running stream by its owner: ``204``, else as if unknown."""
     if await service.stop(request.headers.items(), asked):

@@ -29,7 +29,7 @@ from streamwarden.live import recent_endings, stream_view
 from streamwarden.logs import RateLimitedWarnings, stream_logger
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.sidecar.engine_watch import EngineWatch
-from streamwarden.sidecar.http import GuardedAppRunner
+from streamwarden.sidecar.http import GuardedServer
 from streamwarden.sidecar.proxy import Proxy
 from streamwarden.sidecar.streams import StreamTracker
 
@@ -69,7 +69,7 @@ class Sidecar:
             else None
         )
         self.draining = False
-        self._proxy_runner: web.AppRunner | None = None
+        self._proxy_runner: web.BaseRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._proxy_site: web.TCPSite | None = None
         self.proxy_port = 0
@@ -115,17 +115,11 @@ class Sidecar:
         await admin_site.start()
         self.admin_port = _bound_port(self._admin_runner)
 
-        app = web.Application(
-            client_max_size=self.settings.max_request_body_bytes,
-            middlewares=[self.proxy.guard],
-        )
-        app.router.add_route("*", "/{tail:.*}", self.proxy.handler)
         settings = self.settings
-        self._proxy_runner = GuardedAppRunner(
-            app,
-            access_log=None,
+        proxy_server = GuardedServer(
+            self.proxy.handler,
             handler_cancellation=True,
-            shutdown_timeout=_FINAL_WRITE_GRACE,
+            access_log=None,
             max_line_size=settings.max_request_line_bytes,
             max_field_size=settings.max_header_bytes,
             max_headers=settings.max_headers,
@@ -133,6 +127,7 @@ class Sidecar:
             on_refused=self.metrics.connection_refused,
             warnings=RateLimitedWarnings(),
         )
+        self._proxy_runner = web.ServerRunner(proxy_server, shutdown_timeout=_FINAL_WRITE_GRACE)
         await self._proxy_runner.setup()
         host, port = _split(self.settings.listen)
         self._proxy_site = web.TCPSite(self._proxy_runner, host, port, reuse_address=True)
@@ -222,7 +217,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _bound_port(runner: web.AppRunner) -> int:
+def _bound_port(runner: web.BaseRunner) -> int:
     for address in runner.addresses:
         if isinstance(address, tuple):
             return int(address[1])

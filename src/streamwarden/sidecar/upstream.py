@@ -657,35 +657,43 @@ class Exchange:
         self.connection.release()
 
 
+def _send_part(connection: UpstreamConnection, body: RequestBody, data: bytes) -> None:
+    if data:
+        connection.write(b"%x\r\n%b\r\n" % (len(data), data) if body.chunked else data)
+
+
+def _send_whole(connection: UpstreamConnection, body: RequestBody) -> None:
+    """Send a body that is wholly in hand (most requests: one JSON object)."""
+    if len(body.start) > body.limit:
+        raise BodyTooLarge("the request body is too large")
+    _send_part(connection, body, body.start)
+    if body.chunked:
+        connection.write(b"0\r\n\r\n")
+    connection.request_sent = True
+
+
 async def _send_body(connection: UpstreamConnection, body: RequestBody) -> None:
     """Stream the request body upstream, with backpressure both ways.
 
     The client side is paced by aiohttp's reader (it stops reading the
     client when its buffer fills), the upstream side by ``drain``.
     """
-    total = 0
-    chunked = body.chunked
-
-    def send(data: bytes) -> None:
-        if data:
-            connection.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
-
+    assert body.rest is not None
     if len(body.start) > body.limit:
         raise BodyTooLarge("the request body is too large")
-    send(body.start)
+    _send_part(connection, body, body.start)
     total = len(body.start)
-    if body.rest is not None:
-        try:
-            async for data in body.rest:
-                total += len(data)
-                if total > body.limit:
-                    raise BodyTooLarge("the request body is too large")
-                send(data)
-                await connection.drain()
-        except (OSError, RuntimeError) as exc:
-            # aiohttp's reader of a client that went away mid-upload.
-            raise ClientBodyBroken(type(exc).__name__) from None
-    if chunked:
+    try:
+        async for data in body.rest:
+            total += len(data)
+            if total > body.limit:
+                raise BodyTooLarge("the request body is too large")
+            _send_part(connection, body, data)
+            await connection.drain()
+    except (OSError, RuntimeError) as exc:
+        # aiohttp's reader of a client that went away mid-upload.
+        raise ClientBodyBroken(type(exc).__name__) from None
+    if body.chunked:
         connection.write(b"0\r\n\r\n")
     connection.request_sent = True
 
@@ -716,11 +724,13 @@ async def open_exchange(
         reused = connection.exchanges > 0
         waiter = connection.begin(head, head_only=head_only)
         sender: asyncio.Task[None] | None = None
-        if body is not None:
-            sender = asyncio.ensure_future(_send_body(connection, body))
-        else:
-            connection.request_sent = True
         try:
+            if body is None:
+                connection.request_sent = True
+            elif body.rest is None:
+                _send_whole(connection, body)  # in hand: no task to wait on a drain
+            else:
+                sender = asyncio.ensure_future(_send_body(connection, body))
             async with asyncio.timeout(headers_timeout or None):
                 while sender is not None and not sender.done() and not waiter.done():
                     racing: set[asyncio.Future[object]] = {waiter, sender}  # type: ignore[arg-type]
@@ -739,6 +749,11 @@ async def open_exchange(
         except BaseException:
             _abandon(connection, sender)
             raise
+        if sender is not None and sender.done():
+            # Sent: nothing left to cancel, and the stream need not keep the task.
+            if not sender.cancelled():
+                sender.exception()  # a late failure left request_sent False: closed, not pooled
+            sender = None
         return Exchange(connection, response, sender)
     raise AssertionError("unreachable")
 

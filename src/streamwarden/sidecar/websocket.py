@@ -43,7 +43,7 @@ _HANDSHAKE = frozenset(
 _RESERVED_CLOSE_CODES = (1005, 1006, 1015)
 
 
-def is_websocket(request: web.Request) -> bool:
+def is_websocket(request: web.BaseRequest) -> bool:
     upgrade = request.headers.get("Upgrade", "").lower()
     connection = request.headers.get("Connection", "").lower()
     return upgrade == "websocket" and "upgrade" in connection
@@ -102,7 +102,7 @@ class WebSocketRelay:
         await self._session.close()
 
     async def relay(
-        self, request: web.Request, url: URL, headers: CIMultiDict[str]
+        self, request: web.BaseRequest, url: URL, headers: CIMultiDict[str]
     ) -> web.StreamResponse:
         for name in list(headers):
             if name.lower() in _HANDSHAKE:
