@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 from fastapi import FastAPI
 from starlette.responses import StreamingResponse
 
@@ -32,8 +34,11 @@ TOKENS = 40
 class Model:
     """A FastAPI app whose one endpoint streams OpenAI chunks at a steady pace."""
 
-    def __init__(self, pace: float = 0.01) -> None:
+    def __init__(self, pace: float = 0.01, *, gzipped: bool = False) -> None:
         self.pace = pace
+        #: The app gzips its own stream (a flush per event), as a GZip middleware
+        #: told to compress event streams would.
+        self.gzipped = gzipped
         self.generations = 0
         self.tokens_made = 0
         self.finished = asyncio.Event()
@@ -54,7 +59,18 @@ class Model:
             finally:
                 self.finished.set()
 
-        return StreamingResponse(tokens(), media_type="text/event-stream")
+        if not self.gzipped:
+            return StreamingResponse(tokens(), media_type="text/event-stream")
+
+        async def gzipped() -> AsyncIterator[bytes]:
+            packer = zlib.compressobj(wbits=31)
+            async for event in tokens():
+                yield packer.compress(event) + packer.flush(zlib.Z_SYNC_FLUSH)
+            yield packer.flush()
+
+        return StreamingResponse(
+            gzipped(), media_type="text/event-stream", headers={"Content-Encoding": "gzip"}
+        )
 
 
 @contextlib.asynccontextmanager
@@ -87,8 +103,9 @@ async def test_without_resume_a_retry_runs_the_generator_again() -> None:
     assert text_of(first + rest) != "".join(mock_tokens(TOKENS))
 
 
-async def test_a_dropped_client_resumes_and_the_app_ran_once() -> None:
-    model = Model(pace=0.03)
+@pytest.mark.parametrize("gzipped", [False, True], ids=["identity", "gzip"])
+async def test_a_dropped_client_resumes_and_the_app_ran_once(gzipped: bool) -> None:
+    model = Model(pace=0.03, gzipped=gzipped)
     async with served(model, on_client_gone="detach", resume_window="200ms") as (url, mw):
         stream_id, first = await cut(url, 5)
         assert len(stream_id) == 32

@@ -350,10 +350,13 @@ class StreamResponder:
                 now = self._loop.time()
                 if self._body_closed:
                     # The stream already ended (error event, client gone): what the
-                    # app still sends is metered (zombie tokens), never written
-                    # (a compressed one is not inflated just to be counted).
+                    # app still sends is metered (zombie tokens), never written. A
+                    # compressed one is inflated only where the relay reads on (drain
+                    # meters it, detach journals it for a resume), not just to count.
                     if body and self._inflater is None:
                         relay.feed(body, now)
+                    elif body and relay.draining:
+                        await self._feed_inflated(body, now)  # the gone client gets nothing
                     self._app_closed = not more
                     self._unyielded += len(body)
                     if self._unyielded < _ZOMBIE_BURST:
