@@ -150,3 +150,33 @@ async def test_drain_runs_the_app_to_its_end_for_a_client_that_left() -> None:
     assert model.tokens_made == TOKENS
     assert meter.end_state == "drained"
     assert meter.tokens_zombie > 0
+
+
+async def test_a_resume_takes_one_of_max_concurrent_streams() -> None:
+    model = Model(pace=0.05)
+    options = {"on_client_gone": "detach", "resume_window": "5s", "max_concurrent_streams": 1}
+    async with served(model, **options) as (url, mw):
+        stream_id, first = await cut(url, 3)
+        await wait_for(lambda: mw.metrics.detached._value.get() == 1, what="detached")
+        async with aiohttp.ClientSession() as session:
+            # Another client's live stream holds the one slot...
+            async with session.post(url + CHAT, headers=KEY, json={"stream": True}) as live:
+                await read_events(live, until=lambda got: len(got) >= 1)
+                # ...so a resume is refused like any other stream would be.
+                async with session.post(
+                    url + CHAT,
+                    headers={**KEY, "Last-Event-ID": first[-1].id or ""},
+                    json={"stream": True},
+                ) as refused:
+                    assert refused.status == 503
+                    assert (await refused.json())["error"]["code"] == "too_many_streams"
+                await read_events(live)  # to its end: its slot goes back
+            # Once it is over, the slot is free for the resume.
+            async with session.post(
+                url + CHAT,
+                headers={**KEY, "Last-Event-ID": first[-1].id or ""},
+                json={"stream": True},
+            ) as again:
+                assert again.status == 200 and again.headers[STREAM_ID_HEADER] == stream_id
+                rest = await read_events(again)
+    assert text_of(first + rest) == "".join(mock_tokens(TOKENS))

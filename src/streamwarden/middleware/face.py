@@ -96,7 +96,7 @@ class StreamWardenMiddleware:
             await _serve_metrics(self.metrics, scope, send)
             return
         if self.resume is not None and await answer_resume(
-            self.resume, self.settings, scope, receive, send
+            self.resume, self.settings, self._context.streams, scope, receive, send
         ):
             return  # a resume or a stop: answered from the store, never by the app
         await StreamResponder(self._context, scope, receive, send).run(self.app)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-from streamwarden.config import Settings
+from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.middleware._asgi import Receive, Scope, Send, send_refusal
 from streamwarden.refusals import RefusalKind
-from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.register import StreamRegister
+from streamwarden.resume import STREAM_ID_HEADER, Position
 from streamwarden.resume_service import ResumeService
 
 __all__ = ["answer_resume", "scope_headers"]
@@ -48,9 +49,17 @@ class _ASGIAnswer:
 
 
 async def answer_resume(
-    service: ResumeService, settings: Settings, scope: Scope, receive: Receive, send: Send
+    service: ResumeService,
+    settings: Settings,
+    streams: StreamRegister[object],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
 ) -> bool:
-    """Answer the request if it is a resume or a stop on a resumable route; True if it was."""
+    """Answer the request if it is a resume or a stop on a resumable route; True if it was.
+
+    A resume is a stream like any other: it takes one of ``max_concurrent_streams``.
+    """
     path: str = scope.get("path") or "/"
     route = settings.for_path(path)
     if not route.resumable:
@@ -71,6 +80,27 @@ async def answer_resume(
         return True
     if asked is None:
         return False
+    limit = settings.max_concurrent_streams
+    slot = streams.admit(limit)
+    if slot is None:
+        await send_refusal(send, RefusalKind.TOO_MANY_STREAMS, limit=limit)
+        return True
+    try:
+        await _serve(service, route, asked, headers, path, receive, send)
+    finally:
+        slot.release()
+    return True
+
+
+async def _serve(
+    service: ResumeService,
+    route: ResolvedRoute,
+    asked: Position | str,
+    headers: list[tuple[str, str]],
+    path: str,
+    receive: Receive,
+    send: Send,
+) -> None:
     await service.ensure_started()
     answer = _ASGIAnswer(send, route.client_write_timeout)
     serving = asyncio.ensure_future(service.serve(asked, headers, path, route, answer))
@@ -96,4 +126,3 @@ async def answer_resume(
     finally:
         watcher.cancel()
         serving.cancel()
-    return True
