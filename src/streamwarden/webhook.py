@@ -198,7 +198,8 @@ async def run_webhook(
         runner, host.strip("[]") or None, int(port), ssl_context=certificates.context
     )
     await site.start()
-    log.info("streamwarden webhook listening on %s (https)", listen)
+    bound = next((a for a in runner.addresses if isinstance(a, tuple)), (host, port))
+    log.info("streamwarden webhook listening on %s:%s (https)", bound[0], bound[1])
     await stop.wait()
     await runner.cleanup()
     return 0
