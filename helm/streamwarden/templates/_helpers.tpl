@@ -362,3 +362,23 @@ prometheus.io/path: /metrics
 {{- include "streamwarden.container" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The webhook's Service (and Deployment, and MutatingWebhookConfiguration). */}}
+{{- define "streamwarden.webhookName" -}}
+{{- printf "%s-webhook" (include "streamwarden.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "streamwarden.webhookSelectorLabels" -}}
+{{ include "streamwarden.selectorLabels" . }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{/* "true" when cert-manager issues the webhook's certificate. */}}
+{{- define "streamwarden.webhookCertManager" -}}
+{{- $choice := .values.webhook.certificate.certManager -}}
+{{- if eq (toString $choice) "auto" -}}
+{{- .root.Capabilities.APIVersions.Has "cert-manager.io/v1" -}}
+{{- else -}}
+{{- $choice -}}
+{{- end -}}
+{{- end -}}
