@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -572,3 +573,38 @@ def test_bad_input_exits_2_with_one_line(args: tuple[str, ...], stdin: str, mess
     assert result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert message in result.stderr
+
+
+# -- the README's annotation table ------------------------------------------------------
+
+
+def test_the_readme_lists_every_annotation_with_its_default() -> None:
+    import streamwarden.inject as inject
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Kubernetes: adoption by annotation") : text.index("## Config")]
+    rows = dict(
+        re.findall(r"^\| `(streamwarden\.io/[a-z-]+)` \|([^|]*)\|", section, re.MULTILINE)
+    )
+    annotations = {
+        value
+        for name, value in vars(inject).items()
+        if name.isupper()
+        and isinstance(value, str)
+        and value.startswith("streamwarden.io/")
+        and value != inject.ANNOTATION_PREFIX
+    }
+    assert set(rows) == annotations
+    defaults = {
+        inject.LISTEN_PORT: f"`{inject.DEFAULT_LISTEN_PORT}`",
+        inject.ADMIN_PORT: f"`{inject.DEFAULT_ADMIN_PORT}`",
+        inject.DRAIN_TIMEOUT: f"`{inject.DEFAULT_DRAIN_TIMEOUT}`",
+        inject.MODE: "`front`",
+        inject.BASE_URL_ENV: "`"
+        + ",".join(f"{v.name}={v.path}" if v.path else v.name for v in inject.DEFAULT_BASE_URL_ENV)
+        + "`",
+    }
+    for annotation, default in defaults.items():
+        assert rows[annotation].strip() == default, annotation
+    # The command's default is the same list.
+    assert _parser().parse_args(["inject"]).base_url_env == defaults[inject.BASE_URL_ENV].strip("`")
