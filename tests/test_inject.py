@@ -583,9 +583,7 @@ def test_the_readme_lists_every_annotation_with_its_default() -> None:
 
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Kubernetes: adoption by annotation") : text.index("## Config")]
-    rows = dict(
-        re.findall(r"^\| `(streamwarden\.io/[a-z-]+)` \|([^|]*)\|", section, re.MULTILINE)
-    )
+    rows = dict(re.findall(r"^\| `(streamwarden\.io/[a-z-]+)` \|([^|]*)\|", section, re.MULTILINE))
     annotations = {
         value
         for name, value in vars(inject).items()
