@@ -32,7 +32,10 @@ import aiohttp
 import pytest
 import trustme
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from streamwarden import webhook as webhook_module
 from streamwarden.inject import SKIPPED, InjectOptions, inject_object
 from streamwarden.webhook import CertificateFiles, webhook_app
 from waiting import wait_until
@@ -405,6 +408,56 @@ async def test_a_body_that_is_no_admission_review_is_a_400(webhook: Webhook) -> 
             assert response.status == 413
 
 
+# Any JSON value, put anywhere the rewrite reads or extends a pod.
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+HOSTILE_PATHS = [
+    ("metadata",),
+    ("metadata", "annotations"),
+    ("metadata", "annotations", "streamwarden.io/upstream-port"),
+    ("metadata", "annotations", "streamwarden.io/mode"),
+    ("spec",),
+    ("spec", "containers"),
+    ("spec", "containers", 0),
+    ("spec", "containers", 0, "name"),
+    ("spec", "containers", 0, "ports"),
+    ("spec", "containers", 0, "ports", 0),
+    ("spec", "containers", 0, "env"),
+    ("spec", "containers", 0, "env", 0),
+    ("spec", "containers", 0, "lifecycle"),
+    ("spec", "initContainers"),
+    ("spec", "volumes"),
+    ("spec", "volumes", 0),
+    ("spec", "hostNetwork"),
+    ("spec", "terminationGracePeriodSeconds"),
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(HOSTILE_PATHS), JSON)
+def test_any_pod_gets_an_answer_and_a_patch_that_applies(
+    path: tuple[str | int, ...], value: Any
+) -> None:
+    pod = replicaset_pod(
+        {"streamwarden.io/mode": "egress", "streamwarden.io/upstream": "https://x"}
+    )
+    target: Any = pod
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    answer, _ = webhook_module.review(admission_review(pod), InjectOptions())
+    response = answer["response"]
+    assert response["allowed"] is True
+    patch = patch_of(answer)
+    if patch is not None:
+        assert apply_patch(pod, patch) == inject_object(pod, InjectOptions())[0]
+
+
 # -- TLS from files, reloaded ------------------------------------------------------------
 
 
@@ -501,7 +554,10 @@ async def test_the_command_serves_reviews_and_stops_on_sigterm(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"], "No such file"),
+        (
+            ["--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"],
+            "--tls-cert/--tls-key: /nonexistent.crt: No such file",
+        ),
         (["--tls-key", "k"], "the following arguments are required: --tls-cert"),
         (["--tls-cert", "c", "--tls-key", "k", "--max-body-bytes", "lots"], "--max-body-bytes"),
         (["--tls-cert", "c", "--tls-key", "k", "--listen", "8443"], "--listen: '8443'"),

@@ -364,6 +364,8 @@ def _webhook(args: argparse.Namespace) -> int:
         certificates = CertificateFiles(args.tls_cert, args.tls_key)
     except ssl.SSLError as exc:
         raise ConfigError(f"--tls-cert/--tls-key: {exc.reason or exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"--tls-cert/--tls-key: {exc.filename}: {exc.strerror}") from None
     configure_logging(Settings(log_format=args.log_format))
     return asyncio.run(run_webhook(args.listen, certificates, options, max_body_bytes))
 

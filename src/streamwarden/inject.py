@@ -279,15 +279,9 @@ def _where(obj: Mapping[str, Any]) -> str:
 def _inject_template(template: dict[str, Any], where: str, options: InjectOptions) -> Outcome:
     """Rewrite ``template`` (a pod or a pod template: metadata + spec) in place."""
     spec: dict[str, Any] = template["spec"]
-    containers = spec.get("containers")
-    if not isinstance(containers, list) or not containers:
-        raise ManifestError(f"{where}: spec.containers is not a non-empty list")
-    init_containers = spec.get("initContainers", [])
-    if not isinstance(init_containers, list):
-        raise ManifestError(f"{where}: spec.initContainers is not a list")
-    for container in [*containers, *init_containers]:
-        if not isinstance(container, dict) or not isinstance(container.get("name"), str):
-            raise ManifestError(f"{where}: a container without a name")
+    _check_shape(spec, where)
+    containers: list[dict[str, Any]] = spec["containers"]
+    init_containers: list[dict[str, Any]] = spec.get("initContainers") or []
     metadata = template.get("metadata")
     if metadata is None:
         metadata = {}
@@ -319,6 +313,28 @@ def _inject_template(template: dict[str, Any], where: str, options: InjectOption
         # A template skipped before and fixed since: the old reason is no longer true.
         del template["metadata"]["annotations"][SKIPPED]
     return Outcome(where, "injected")
+
+
+def _check_shape(spec: Mapping[str, Any], where: str) -> None:
+    """The parts of a pod spec the rewrite reads or extends have the types Kubernetes gives."""
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ManifestError(f"{where}: spec.containers is not a non-empty list")
+    for key in ("initContainers", "volumes"):
+        if not isinstance(spec.get(key) or [], list):
+            raise ManifestError(f"{where}: spec.{key} is not a list")
+    for container in [*containers, *(spec.get("initContainers") or [])]:
+        if not isinstance(container, dict) or not isinstance(container.get("name"), str):
+            raise ManifestError(f"{where}: a container without a name")
+        for key in ("ports", "env"):
+            if not isinstance(container.get(key) or [], list):
+                raise ManifestError(
+                    f"{where}: {key} of container {container['name']} is not a list"
+                )
+        if not isinstance(container.get("lifecycle") or {}, dict):
+            raise ManifestError(
+                f"{where}: lifecycle of container {container['name']} is not a mapping"
+            )
 
 
 def _annotate(template: dict[str, Any], key: str, value: str) -> None:
@@ -407,7 +423,7 @@ def _check_pod(spec: Mapping[str, Any], plan: _Plan, options: InjectOptions) -> 
             "inject a native sidecar (without --no-native)"
         )
     ours = {plan.listen_port, plan.admin_port}
-    for container in [*spec["containers"], *spec.get("initContainers", [])]:
+    for container in [*spec["containers"], *(spec.get("initContainers") or [])]:
         for port in container.get("ports") or []:
             if isinstance(port, dict) and port.get("containerPort") in ours:
                 raise _Skip(
@@ -490,10 +506,10 @@ def _add_sidecar(spec: dict[str, Any], plan: _Plan, options: InjectOptions) -> N
             _set_env(app, variable.name, f"http://127.0.0.1:{plan.listen_port}{variable.path}")
     if options.native:
         # First: up before any init container or app that calls through it.
-        spec["initContainers"] = [sidecar, *spec.get("initContainers", [])]
+        spec["initContainers"] = [sidecar, *(spec.get("initContainers") or [])]
     else:
         apps.append(sidecar)
-    volumes = spec.setdefault("volumes", [])
+    volumes = spec["volumes"] = spec.get("volumes") or []
     if plan.config_map is not None:
         volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": plan.config_map}})
     volumes.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
@@ -507,7 +523,7 @@ def _add_sidecar(spec: dict[str, Any], plan: _Plan, options: InjectOptions) -> N
 
 def _set_env(container: dict[str, Any], name: str, value: str) -> None:
     """Point one variable at the sidecar, in place if the container already sets it."""
-    env = container.setdefault("env", [])
+    env = container["env"] = container.get("env") or []
     for index, item in enumerate(env):
         if isinstance(item, dict) and item.get("name") == name:
             env[index] = {"name": name, "value": value}
