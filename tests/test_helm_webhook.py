@@ -262,3 +262,28 @@ class _Loopback(aiohttp.abc.AbstractResolver):
 
     async def close(self) -> None:
         return None
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return set(selector.items()) <= set(labels.items())
+
+
+def test_with_wrap_mode_each_service_selects_only_its_own_pods() -> None:
+    everything = {
+        "webhook": {"enabled": True},
+        "networkPolicy": {"enabled": True},
+        "podDisruptionBudget": {"enabled": True},
+    }
+    objects = render(everything)
+    deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
+    webhook_pod = deployments[f"{RELEASE}-streamwarden-webhook"]["spec"]["template"]
+    app_pod = deployments[f"{RELEASE}-streamwarden"]["spec"]["template"]
+    for service in (o for o in objects if o["kind"] == "Service"):
+        selector = service["spec"]["selector"]
+        is_webhook = service["metadata"]["name"].endswith("-webhook")
+        assert _selects(selector, webhook_pod["metadata"]["labels"]) is is_webhook
+        assert _selects(selector, app_pod["metadata"]["labels"]) is not is_webhook
+    for kind in ("NetworkPolicy", "PodDisruptionBudget"):
+        obj = one(objects, kind)
+        selector = (obj["spec"].get("podSelector") or obj["spec"]["selector"])["matchLabels"]
+        assert not _selects(selector, webhook_pod["metadata"]["labels"]), kind

@@ -368,8 +368,13 @@ prometheus.io/path: /metrics
 {{- printf "%s-webhook" (include "streamwarden.fullname" . | trunc 55 | trimSuffix "-") -}}
 {{- end -}}
 
+{{/*
+The webhook's pods: a name of their own, so that the wrap mode's Service,
+NetworkPolicy, PodDisruptionBudget and monitors never select them.
+*/}}
 {{- define "streamwarden.webhookSelectorLabels" -}}
-{{ include "streamwarden.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "streamwarden.name" . | trunc 55 | trimSuffix "-" }}-webhook
+app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: webhook
 {{- end -}}
 
