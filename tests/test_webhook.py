@@ -399,6 +399,7 @@ async def test_a_body_that_is_no_admission_review_is_a_400(webhook: Webhook) -> 
             (b"{not json", "Expecting"),
             (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1beta1"}', "v1beta1"),
             (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}', "uid"),
+            (b"[" * 200_000 + b"]" * 200_000, "nested too deep"),
         ]:
             async with session.post(webhook.url, data=body) as response:
                 assert response.status == 400

@@ -152,6 +152,9 @@ async def _mutate(request: web.Request) -> web.StreamResponse:
         raise
     except (ValueError, UnicodeDecodeError) as exc:
         return web.json_response({"error": str(exc)}, status=400)
+    except RecursionError:
+        # json's C decoder refuses nesting deeper than the interpreter's stack.
+        return web.json_response({"error": "JSON nested too deep"}, status=400)
     result = answer["response"]
     log.info(
         "admission review %s: %s%s",
