@@ -14,15 +14,19 @@ runs as a process: manifests in, manifests out, exit 2 on bad input.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -36,6 +40,8 @@ from streamwarden.inject import (
     inject_documents,
     inject_object,
 )
+from streamwarden.mock import MockServer
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "inject" / "workloads.yaml"
@@ -606,3 +612,75 @@ def test_the_readme_lists_every_annotation_with_its_default() -> None:
         assert rows[annotation].strip() == default, annotation
     # The command's default is the same list.
     assert _parser().parse_args(["inject"]).base_url_env == defaults[inject.BASE_URL_ENV].strip("`")
+
+
+# -- the injected container, run ---------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_the_injected_container_runs_and_its_probes_answer(mock: MockServer) -> None:
+    proxy_port, admin_port = _free_port(), _free_port()
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "chat",
+            "annotations": {
+                "streamwarden.io/inject": "enabled",
+                "streamwarden.io/upstream": mock.url,
+                "streamwarden.io/listen-port": str(proxy_port),
+                "streamwarden.io/admin-port": str(admin_port),
+                "streamwarden.io/drain-timeout": "1s",
+            },
+        },
+        "spec": {"containers": [{"name": "app", "image": "app:1"}]},
+    }
+    sidecar, _ = sidecar_of(inject_object(pod, InjectOptions())[0])
+    # The container's own command line; only what a laptop lacks is swapped: the
+    # image's config file at its path, and loopback for the pod's every interface.
+    command = [sys.executable, "-m", "streamwarden.cli"] + [
+        str(IMAGE_CONFIG) if arg.endswith("config.yaml") else arg.replace("0.0.0.0", "127.0.0.1")
+        for arg in sidecar["args"]
+    ]
+    process = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def probe(name: str) -> int:
+                get = sidecar[name]["httpGet"]
+                url = f"http://127.0.0.1:{get['port']}{get['path']}"
+                try:
+                    async with session.get(url) as response:
+                        return response.status
+                except aiohttp.ClientConnectionError:
+                    return 0
+
+            async def started() -> bool:
+                return await probe("startupProbe") == 200
+
+            await wait_until(started, timeout=30, what="the startup probe")
+            assert await probe("readinessProbe") == 200
+            assert await probe("livenessProbe") == 200
+            proxy = next(p for p in sidecar["ports"] if p["name"] == "sw-proxy")
+            url = f"http://127.0.0.1:{proxy['containerPort']}/v1/chat/completions"
+            async with session.post(url, json={"stream": True, "messages": []}) as response:
+                assert response.status == 200
+                body = await response.read()
+            assert body.rstrip().endswith(b"data: [DONE]")
+            # On SIGTERM the readiness probe fails first (the pod leaves its Service).
+            process.send_signal(signal.SIGTERM)
+
+            async def unready() -> bool:
+                return await probe("readinessProbe") != 200
+
+            await wait_until(unready, timeout=30, what="the readiness probe failing")
+        assert await asyncio.wait_for(process.wait(), timeout=30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
