@@ -549,7 +549,13 @@ def test_the_command_rewrites_a_file_and_says_what_it_did() -> None:
     result = _inject_command(str(WORKLOADS))
     assert result.returncode == 0, result.stderr
     written = list(yaml.safe_load_all(result.stdout))
-    assert written == inject_documents(workloads(), InjectOptions())[0]
+    expected = inject_documents(workloads(), InjectOptions())[0]
+    assert written == expected
+    # In the same key order, too (dict equality alone would not see it).
+    assert yaml.safe_dump_all(written, sort_keys=False) == yaml.safe_dump_all(
+        expected, sort_keys=False
+    )
+    assert result.stdout.startswith("---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n")
     lines = result.stderr.splitlines()
     assert "streamwarden inject: deployment/chat-api: injected" in lines
     assert len(lines) == 8
