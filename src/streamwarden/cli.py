@@ -1,4 +1,4 @@
-"""The ``streamwarden`` command: run, demo, mock-upstream, check-config, top.
+"""The ``streamwarden`` command: run, demo, mock-upstream, check-config, top, inject, webhook.
 
 Any bad flag or configuration value ends the process with exit code 2 and
 one line on stderr that names the key, the value and what was expected.
@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import ssl
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from streamwarden import __version__
 from streamwarden.config import ENV_PREFIX, ConfigError, Settings, load_settings
 from streamwarden.dialects import DIALECT_NAMES
+
+if TYPE_CHECKING:
+    from streamwarden.inject import InjectOptions
 
 __all__ = ["main"]
 
@@ -135,7 +141,68 @@ def _parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
     top.add_argument("--once", action="store_true", help="print one screen and exit")
+
+    inject = commands.add_parser(
+        "inject",
+        help="add the sidecar to Kubernetes manifests",
+        description="Read Kubernetes manifests (multi-document YAML, Lists) and write them to "
+        "stdout with the streamwarden sidecar added to every pod template annotated "
+        "streamwarden.io/inject: enabled (or all, with --all). One line per pod template "
+        "on stderr says what was done, or why not.",
+    )
+    inject.add_argument("file", nargs="?", default="-", help="FILE, or - for stdin (default)")
+    _inject_flags(inject)
+
+    webhook = commands.add_parser(
+        "webhook",
+        help="run the mutating admission webhook that injects the sidecar",
+        description="Serve AdmissionReview v1 over HTTPS: pods being created get the same "
+        "sidecar as `streamwarden inject` adds, as a JSON patch. It never denies.",
+    )
+    webhook.add_argument(
+        "--listen", default="0.0.0.0:8443", metavar="HOST:PORT", help="default %(default)s"
+    )
+    webhook.add_argument("--tls-cert", required=True, metavar="FILE", help="PEM certificate")
+    webhook.add_argument("--tls-key", required=True, metavar="FILE", help="PEM private key")
+    webhook.add_argument(
+        "--max-body-bytes",
+        default="4MiB",
+        metavar="SIZE",
+        help="largest AdmissionReview accepted (default %(default)s)",
+    )
+    webhook.add_argument(
+        "--log-format", default="json", choices=("json", "text"), help="default %(default)s"
+    )
+    _inject_flags(webhook)
     return parser
+
+
+def _inject_flags(parser: argparse.ArgumentParser) -> None:
+    """The rewrite's flags, the same for ``inject`` and ``webhook``."""
+    from streamwarden.inject import DEFAULT_IMAGE
+
+    group = parser.add_argument_group("injection")
+    group.add_argument(
+        "--all",
+        dest="all_pods",
+        action="store_true",
+        help="inject every pod template not annotated streamwarden.io/inject: disabled",
+    )
+    group.add_argument(
+        "--no-native",
+        dest="native",
+        action="store_false",
+        help="a regular container instead of a native sidecar (Kubernetes < 1.29)",
+    )
+    group.add_argument(
+        "--image", default=DEFAULT_IMAGE, metavar="IMAGE", help="default %(default)s"
+    )
+    group.add_argument(
+        "--base-url-env",
+        default="OPENAI_BASE_URL=/v1,ANTHROPIC_BASE_URL",
+        metavar="NAME[=/PATH],...",
+        help="egress mode: the app variables pointed at the sidecar (default %(default)s)",
+    )
 
 
 def _flag(
@@ -236,6 +303,73 @@ def _check_config(path: str) -> int:
     return 0
 
 
+def _inject_options(args: argparse.Namespace) -> InjectOptions:
+    from streamwarden.inject import InjectOptions, parse_base_url_env
+
+    try:
+        base_url_env = parse_base_url_env(args.base_url_env)
+    except ValueError as exc:
+        raise ConfigError(f"--base-url-env: {exc}") from None
+    if not args.image.strip():
+        raise ConfigError("--image: empty")
+    return InjectOptions(
+        all_pods=args.all_pods, native=args.native, image=args.image, base_url_env=base_url_env
+    )
+
+
+def _inject(args: argparse.Namespace) -> int:
+    """Manifests in (a file or stdin), manifests out (stdout), one line per pod on stderr."""
+    import yaml
+
+    from streamwarden.inject import ManifestError, inject_documents
+
+    options = _inject_options(args)
+    name = "stdin" if args.file == "-" else args.file
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{name}: not YAML: {problem}{where}") from None
+    try:
+        results, outcomes = inject_documents(documents, options)
+    except ManifestError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    # Key order as read; wide lines so that long strings are not folded.
+    sys.stdout.write(
+        yaml.safe_dump_all(
+            results, sort_keys=False, explicit_start=True, allow_unicode=True, width=1 << 16
+        )
+    )
+    for outcome in outcomes:
+        print(f"streamwarden inject: {outcome.line()}", file=sys.stderr)
+    return 0
+
+
+def _webhook(args: argparse.Namespace) -> int:
+    from streamwarden.config import parse_size
+    from streamwarden.logs import configure_logging
+    from streamwarden.webhook import CertificateFiles, run_webhook
+
+    options = _inject_options(args)
+    try:
+        max_body_bytes = parse_size(args.max_body_bytes)
+    except ValueError:
+        raise ConfigError(f"--max-body-bytes: {args.max_body_bytes!r} is not a size") from None
+    if not re.match(r"^(\[[0-9a-fA-F:.]+\]|[^:\s]*):[0-9]{1,5}$", args.listen):
+        raise ConfigError(f"--listen: {args.listen!r} is not HOST:PORT")
+    try:
+        certificates = CertificateFiles(args.tls_cert, args.tls_key)
+    except ssl.SSLError as exc:
+        raise ConfigError(f"--tls-cert/--tls-key: {exc.reason or exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"--tls-cert/--tls-key: {exc.filename}: {exc.strerror}") from None
+    configure_logging(Settings(log_format=args.log_format))
+    return asyncio.run(run_webhook(args.listen, certificates, options, max_body_bytes))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["mock-upstream"]:
@@ -257,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from streamwarden.top import run_top
 
             return run_top(args.admin, args.interval, args.once)
+        if args.command == "inject":
+            return _inject(args)
+        if args.command == "webhook":
+            return _webhook(args)
         if args.command == "demo":
             from streamwarden.demo import run_demo
 

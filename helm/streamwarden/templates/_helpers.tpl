@@ -362,3 +362,28 @@ prometheus.io/path: /metrics
 {{- include "streamwarden.container" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The webhook's Service (and Deployment, and MutatingWebhookConfiguration). */}}
+{{- define "streamwarden.webhookName" -}}
+{{- printf "%s-webhook" (include "streamwarden.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/*
+The webhook's pods: a name of their own, so that the wrap mode's Service,
+NetworkPolicy, PodDisruptionBudget and monitors never select them.
+*/}}
+{{- define "streamwarden.webhookSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "streamwarden.name" . | trunc 55 | trimSuffix "-" }}-webhook
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{/* "true" when cert-manager issues the webhook's certificate. */}}
+{{- define "streamwarden.webhookCertManager" -}}
+{{- $choice := .values.webhook.certificate.certManager -}}
+{{- if eq (toString $choice) "auto" -}}
+{{- .root.Capabilities.APIVersions.Has "cert-manager.io/v1" -}}
+{{- else -}}
+{{- $choice -}}
+{{- end -}}
+{{- end -}}
