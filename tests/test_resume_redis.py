@@ -246,6 +246,30 @@ async def test_a_stop_sent_to_the_other_replica_stops_the_stream_where_it_runs(
     assert first.tracker.finished[-1].meter.end_state == "client_cancelled"
 
 
+async def test_a_stop_of_a_stream_that_already_ended_is_a_404_on_every_replica(
+    mock: MockServer, replicas: tuple[Sidecar, Sidecar]
+) -> None:
+    first, second = replicas
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT, headers=mock_headers("ended-stop"), json={"stream": True}
+        ) as response:
+            stream_id = response.headers[STREAM_ID_HEADER]
+            events = await read_events(response)
+        assert events[-1].data == "[DONE]"
+        stop = {**KEY, STREAM_ID_HEADER: stream_id}
+
+        async def ended_in_redis() -> bool:  # the end reaches Redis off the hot path
+            status, _, rest, _ = await resume(second.proxy_url, f"{stream_id}.1")
+            return status == 200 and bool(rest) and rest[-1].data == "[DONE]"
+
+        await wait_until(ended_in_redis, what="the stream's end in Redis")
+        # Nothing runs to be stopped: the same answer as the memory store gives.
+        for replica in (first, second):
+            async with session.delete(replica.proxy_url + CHAT, headers=stop) as answered:
+                assert answered.status == 404
+
+
 async def test_a_hole_in_the_stored_stream_is_told_after_the_events_before_it(
     mock: MockServer, replicas: tuple[Sidecar, Sidecar], redis_server: RedisServer
 ) -> None:

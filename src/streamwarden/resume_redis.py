@@ -340,6 +340,12 @@ class RedisBackend:
     # -- stops across replicas -------------------------------------------------
 
     async def request_stop(self, stream_id: str) -> bool:
+        # Every replica listens, so a publish always has receivers: a stream
+        # whose end is stored has nothing left to stop (as with the memory store).
+        events_key, _, _ = _keys(stream_id)
+        last = _pairs(await self._call("XREVRANGE", events_key, "+", "-", "COUNT", 1))
+        if last and _seq(last[0][0])[1] == 1:
+            return False
         receivers = await self._call("PUBLISH", STOP_CHANNEL, stream_id)
         return isinstance(receivers, int) and receivers > 0
 
