@@ -184,7 +184,18 @@ def _probe_parser(commands: Any) -> None:
     probe.add_argument(
         "--max-time", metavar="DURATION", help="stop reading after this long (default 300s)"
     )
-    probe.add_argument("--max-bytes", metavar="SIZE", default="64MiB", help="default %(default)s")
+    probe.add_argument(
+        "--max-bytes",
+        metavar="SIZE",
+        default="16MiB",
+        help="stop reading past this much body, compressed or inflated (default %(default)s)",
+    )
+    probe.add_argument(
+        "--max-events",
+        metavar="N",
+        default="100000",
+        help="stop reading past this many events (default %(default)s)",
+    )
     probe.add_argument(
         "--connect-timeout", metavar="DURATION", default="10s", help="default %(default)s"
     )
@@ -297,13 +308,21 @@ def _check_config(path: str) -> int:
     return 0
 
 
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("count")
+    return number
+
+
 def _option(parse: Any, flag: str, value: str | None, default: Any) -> Any:
     if value is None:
         return default
     try:
         return parse(value)
     except ValueError:
-        kind = "a size such as 64MiB" if parse is parse_size else "a duration such as 75s"
+        kinds = {parse_size: "a size such as 16MiB", _count: "a whole number"}
+        kind = kinds.get(parse, "a duration such as 75s")
         raise ConfigError(f"{flag} {value!r}: expected {kind}") from None
 
 
@@ -333,6 +352,7 @@ def _probe(args: argparse.Namespace) -> int:
             stamp=args.stamp,
             max_time=_option(parse_duration, "--max-time", args.max_time, default_time),
             max_bytes=_option(parse_size, "--max-bytes", args.max_bytes, 0),
+            max_events=_option(_count, "--max-events", args.max_events, 0),
             connect_timeout=_option(parse_duration, "--connect-timeout", args.connect_timeout, 0),
             ca_bundle=args.cacert,
         )

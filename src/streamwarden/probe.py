@@ -35,20 +35,19 @@ from __future__ import annotations
 import enum
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamwarden.dialects import (
     Detection,
     detect,
-    media_type,
     sniff,
     stream_framing,
 )
 from streamwarden.dialects.base import Dialect
 from streamwarden.inflate import InflateError, Inflater
-from streamwarden.plan import response_encoding
+from streamwarden.plan import Encoding, response_encoding
 from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer
 
 __all__ = [
@@ -109,9 +108,12 @@ MIN_EVENTS_FOR_BUFFERING = 4
 #: sidecar's default ``keepalive_interval``, and sse-starlette's ping).
 KEEPALIVE_EXPECTED_SECONDS = 15.0
 #: A stream that ends without its terminal event after a silence this long
-#: (and much longer than its usual gap) was cut by an idle timer.
-IDLE_CUT_MIN_SECONDS = 0.9
+#: (and much longer than its usual gap) was cut by an idle timer. nginx's
+#: timers run on a cached clock: a 1 s ``proxy_read_timeout`` cuts after 0.9 s.
+IDLE_CUT_MIN_SECONDS = 0.5
 IDLE_CUT_GAP_FACTOR = 5.0
+#: A pause of this share of ``--stall`` is the asked one (timers and pacing round).
+STALL_SEEN_SHARE = 0.8
 #: Inflated bytes per step: a hostile hop's gzip bomb costs this much at a time.
 _INFLATE_STEP = 256 * 1024
 #: Events listed one by one in the text report; the rest are summarised.
@@ -178,6 +180,10 @@ class Capture:
     error: str | None = None
     #: The largest event the framer accepts.
     max_event_bytes: int = 8 * 1024 * 1024
+    #: The most body bytes decoded (after inflation), as ``--max-bytes``.
+    max_bytes: int = 16 * 1024 * 1024
+    #: The most events kept, as ``--max-events``.
+    max_events: int = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,89 +348,127 @@ def analyse(capture: Capture) -> Report:
 def _decode(capture: Capture, report: Report, detection: Detection, framing: str) -> Dialect:
     """Fill the report's events and keep-alives; return the dialect the stream revealed."""
     encoding = response_encoding(_Lookup(capture.headers).get("content-encoding"))
-    inflater = Inflater(encoding) if encoding not in (None, "identity") else None
     if encoding is None:
         report.notes.append(
             "the body's Content-Encoding is not one the probe inflates (gzip, deflate): "
             "its events could not be read"
         )
         return detection.dialect
-    framer: SSEFramer | LineFramer = (
-        SSEFramer(capture.max_event_bytes)
-        if framing == "sse"
-        else LineFramer(capture.max_event_bytes)
-    )
-    dialect = detection.dialect
-    provisional = detection.provisional
-    per_read: dict[int, int] = {}
+    decoder = _Decoder(capture, report, detection, framing, encoding)
     for number, read in enumerate(capture.reads, start=1):
         if report.first_byte_at is None and read.data:
             report.first_byte_at = read.at
-        try:
-            frames = framer.feed(_inflated(inflater, read.data))
-        except EventTooLarge as exc:
-            frames = exc.frames
-            report.notes.append(f"an event grew past {exc.limit} bytes: the rest was not read")
-            _take(report, frames, read, number, capture, per_read, dialect)
+        if not decoder.feed(number, read):
             break
-        except InflateError as exc:
-            report.notes.append(f"the compressed body is broken ({exc}): the rest was not read")
-            break
-        for frame in frames:
-            if provisional and frame.event is not None and frame.event.data:
-                dialect = sniff(frame.event, dialect)
-                provisional = False
-            _take(report, [frame], read, number, capture, per_read, dialect)
     count: dict[int, int] = {}
-    for events in per_read.values():
+    for events in decoder.per_read.values():
         count[events] = count.get(events, 0) + 1
     report.events_per_read = dict(sorted(count.items()))
-    return dialect
+    return decoder.dialect
 
 
-def _inflated(inflater: Inflater | None, data: bytes) -> bytes:
-    if inflater is None:
-        return data
-    inflater.feed(data)
-    parts = [inflater.take(_INFLATE_STEP)]
-    while inflater.pending:
-        parts.append(inflater.take(_INFLATE_STEP))
-    return b"".join(parts)
+class _Decoder:
+    """Reads in, events and keep-alives out into the report, within the capture's bounds."""
 
-
-def _take(
-    report: Report,
-    frames: list[Frame],
-    read: Read,
-    number: int,
-    capture: Capture,
-    per_read: dict[int, int],
-    dialect: Dialect,
-) -> None:
-    for frame in frames:
-        event = frame.event
-        if event is None or event.event == "ping":
-            if _is_keepalive(frame):
-                report.keepalives += 1
-                report.keepalive_times.append(read.at)
-            continue
-        sent = read_stamp(frame.raw)
-        terminal = dialect.inspect(event).terminal
-        report.terminal_seen = report.terminal_seen or terminal
-        if report.first_event_at is None:
-            report.first_event_at = read.at
-        per_read[number] = per_read.get(number, 0) + 1
-        report.events.append(
-            EventArrival(
-                index=len(report.events) + 1,
-                at=read.at,
-                read=number,
-                name=event.event,
-                sent_wall=sent,
-                delay=None if sent is None else capture.started_wall + read.at - sent,
-                terminal=terminal,
-            )
+    def __init__(
+        self,
+        capture: Capture,
+        report: Report,
+        detection: Detection,
+        framing: str,
+        encoding: Encoding,
+    ) -> None:
+        self._capture = capture
+        self._report = report
+        self._inflater = Inflater(encoding) if encoding != "identity" else None
+        self._framer: SSEFramer | LineFramer = (
+            SSEFramer(capture.max_event_bytes)
+            if framing == "sse"
+            else LineFramer(capture.max_event_bytes)
         )
+        self.dialect = detection.dialect
+        self._provisional = detection.provisional
+        self._decoded = 0
+        #: Events per read number, for the reads that carried any.
+        self.per_read: dict[int, int] = {}
+
+    def feed(self, number: int, read: Read) -> bool:
+        """Take one read; ``False`` once a bound stopped the decoding."""
+        try:
+            for piece in self._pieces(read.data):
+                self._decoded += len(piece)
+                if self._decoded > self._capture.max_bytes:
+                    self._report.notes.append(
+                        f"the body inflated past --max-bytes ({self._capture.max_bytes} bytes): "
+                        "the rest was not read"
+                    )
+                    return False
+                try:
+                    frames = self._framer.feed(piece)
+                except EventTooLarge as exc:
+                    self._take(exc.frames, number, read)
+                    self._report.notes.append(
+                        f"an event grew past {exc.limit} bytes: the rest was not read"
+                    )
+                    return False
+                if not self._take(frames, number, read):
+                    return False
+        except InflateError as exc:
+            self._report.notes.append(
+                f"the compressed body is broken ({exc}): the rest was not read"
+            )
+            return False
+        return True
+
+    def _pieces(self, data: bytes) -> Iterator[bytes]:
+        """The read's bytes, inflated at most ``_INFLATE_STEP`` at a time (a bomb stays small)."""
+        inflater = self._inflater
+        if inflater is None:
+            yield data
+            return
+        inflater.feed(data)
+        while inflater.pending:
+            piece = inflater.take(_INFLATE_STEP)
+            if piece:
+                yield piece
+
+    def _take(self, frames: list[Frame], number: int, read: Read) -> bool:
+        report = self._report
+        capture = self._capture
+        for frame in frames:
+            event = frame.event
+            if event is None or event.event == "ping":
+                if _is_keepalive(frame):
+                    report.keepalives += 1
+                    if len(report.keepalive_times) < capture.max_events:
+                        report.keepalive_times.append(read.at)
+                continue
+            if len(report.events) >= capture.max_events:
+                report.notes.append(
+                    f"more than --max-events ({capture.max_events}) events: the rest was not read"
+                )
+                return False
+            if self._provisional and event.data:
+                self.dialect = sniff(event, self.dialect)
+                self._provisional = False
+            sent = read_stamp(frame.raw)
+            terminal = self.dialect.inspect(event).terminal
+            report.terminal_seen = report.terminal_seen or terminal
+            if report.first_event_at is None:
+                report.first_event_at = read.at
+            self.per_read[number] = self.per_read.get(number, 0) + 1
+            report.events.append(
+                EventArrival(
+                    index=len(report.events) + 1,
+                    at=read.at,
+                    read=number,
+                    name=event.event,
+                    sent_wall=sent,
+                    delay=None if sent is None else capture.started_wall + read.at - sent,
+                    terminal=terminal,
+                )
+            )
+        return True
 
 
 def _is_keepalive(frame: Frame) -> bool:
@@ -615,7 +659,7 @@ def _keepalives(report: Report) -> Verdict:
             f"longest silence {_seconds(silence)}",
         )
     asked = report.stall
-    if asked is not None and silence >= 0.8 * asked:
+    if asked is not None and silence >= STALL_SEEN_SHARE * asked:
         return Verdict(
             Symptom.NO_KEEPALIVES,
             Finding.FOUND,
@@ -637,6 +681,15 @@ def _keepalives(report: Report) -> Verdict:
     )
 
 
+def _longest_gap_between_events(report: Report) -> float:
+    """The far end's longest pause: between send times when stamped, else between arrivals."""
+    times = [e.sent_wall for e in report.events if e.sent_wall is not None]
+    if len(times) < len(report.events) or not times:
+        times = [e.at for e in report.events]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return max(gaps, default=0.0)
+
+
 def _idle_cut(capture: Capture, report: Report) -> Verdict:
     last_byte = capture.reads[-1].at if capture.reads else capture.headers_at
     silence = capture.ended_at - last_byte
@@ -650,10 +703,21 @@ def _idle_cut(capture: Capture, report: Report) -> Verdict:
         )
     if report.terminal_seen or report.ending is Ending.TOO_LARGE:
         if capture.stall is not None:
+            quiet = _longest_gap_between_events(report)
+            if quiet < STALL_SEEN_SHARE * capture.stall:
+                return Verdict(
+                    Symptom.IDLE_CUT,
+                    Finding.UNTESTED,
+                    f"the far end never paused for the asked --stall (longest gap between "
+                    f"events {_seconds(quiet)}): is it streamwarden mock-upstream, or a sidecar "
+                    "in front of one?",
+                )
+            held = f", held open by {_count(report.keepalives, 'keep-alive')}"
             return Verdict(
                 Symptom.IDLE_CUT,
                 Finding.CLEAR,
-                f"the stream survived a {_seconds(report.longest_silence)} silence{asked}",
+                f"the stream survived a {_seconds(quiet)} pause between events{asked}"
+                f"{held if report.keepalives else ''}",
             )
         return Verdict(
             Symptom.IDLE_CUT,
@@ -755,12 +819,15 @@ def render_text(report: Report, request_line: str, sent_headers: Sequence[tuple[
     shown = report.streaming_headers()
     lines.extend(f"  < {name}: {value}" for name, value in shown)
     lines.append(f"dialect {report.dialect}; ending: {_ending_text(report)}")
-    per_read = ", ".join(f"{n}:{reads}" for n, reads in report.events_per_read.items()) or "–"
+    per_read = ", ".join(
+        f"{_count(reads, 'read')} of {events}" for events, reads in report.events_per_read.items()
+    )
     lines.append(
         f"first byte {_ms(report.first_byte_at)}, first event {_ms(report.first_event_at)}; "
-        f"{len(report.events)} events in {report.reads} reads (events per read: reads "
-        f"= {per_read}); longest silence {_ms(report.longest_silence)} from "
-        f"{_ms(report.longest_silence_from)}; keep-alives {report.keepalives}"
+        f"{_count(len(report.events), 'event')} in {_count(report.reads, 'read')}"
+        f"{f' ({per_read})' if per_read else ''}; longest silence "
+        f"{_ms(report.longest_silence)} from {_ms(report.longest_silence_from)}; "
+        f"keep-alives {report.keepalives}"
     )
     delays = report.delays()
     if delays:
@@ -800,6 +867,10 @@ def render_text(report: Report, request_line: str, sent_headers: Sequence[tuple[
     found = [v.symptom.value for v in report.verdicts if v.fails]
     lines.append(f"result: {', '.join(found) if found else 'clean'}")
     return "\n".join(lines) + "\n"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _ending_text(report: Report) -> str:

@@ -82,6 +82,7 @@ class ProbeRequest:
     stall: float | None
     max_time: float
     max_bytes: int
+    max_events: int
     connect_timeout: float
     ca_bundle: str | None
 
@@ -111,7 +112,8 @@ def prepare(
     stall: float | None = None,
     stamp: bool = True,
     max_time: float = 300.0,
-    max_bytes: int = 64 * 1024 * 1024,
+    max_bytes: int = 16 * 1024 * 1024,
+    max_events: int = 100_000,
     connect_timeout: float = 10.0,
     ca_bundle: str | None = None,
 ) -> ProbeRequest:
@@ -165,6 +167,8 @@ def prepare(
     sent = [(n, v) for n, v in sent if n.lower() != "content-length"]
     if body or method not in ("GET", "HEAD"):
         sent.append(("Content-Length", str(len(body))))
+    if max_bytes < 1 or max_events < 1:
+        raise UsageError("--max-bytes and --max-events must be at least 1")
     if stall is not None and max_time <= stall:
         raise UsageError(f"--max-time must be longer than --stall ({stall:g}s)")
     return ProbeRequest(
@@ -177,6 +181,7 @@ def prepare(
         stall=stall,
         max_time=max_time,
         max_bytes=max_bytes,
+        max_events=max_events,
         connect_timeout=connect_timeout,
         ca_bundle=ca_bundle,
     )
@@ -285,6 +290,8 @@ async def capture(request: ProbeRequest, *, dialect: str = "auto") -> Capture:
             dialect=dialect,
             stall=request.stall,
             error=recorder.error,
+            max_bytes=request.max_bytes,
+            max_events=request.max_events,
         )
     finally:
         await pool.close()

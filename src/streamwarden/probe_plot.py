@@ -54,5 +54,5 @@ def plot(report: Report, path: str | Path, title: str) -> None:
     found = [v.symptom.value for v in report.verdicts if v.fails]
     axes.set_title(f"{title}\n{', '.join(found) if found else 'clean'}", fontsize=10)
     axes.grid(True, linewidth=0.3)
-    axes.legend(loc="upper left", fontsize=8)
+    axes.legend(loc="lower right", fontsize=8)
     figure.savefig(Path(path), format="png")
