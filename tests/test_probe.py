@@ -35,6 +35,7 @@ from streamwarden.probe import (
     Symptom,
     analyse,
     read_stamp,
+    render_text,
     send_stamp,
 )
 from streamwarden.sse import SSEDecoder
@@ -431,3 +432,16 @@ async def test_max_bytes_stops_the_probe_reading() -> None:
     assert 4096 <= report["body_bytes"] < 2000 * 100
     assert verdict(report, "truncated")["finding"] == "untested"
     assert code == 0
+
+
+def test_the_text_report_shows_headers_events_verdicts_and_the_result() -> None:
+    reads = [(0.1 * (i + 1), stamped(1000.0 + 0.1 * i)) for i in range(3)]
+    report = analyse(capture(reads, ending=Ending.BROKEN, error="reset"))
+    text = render_text(
+        report, "POST http://h/v1/chat/completions", [("Authorization", "[redacted]")]
+    )
+    assert "> Authorization: [redacted]" in text
+    assert "< Content-Type: text/event-stream" in text
+    assert "broken (reset), without data: [DONE]" in text
+    assert "truncated                      FOUND" in text
+    assert text.rstrip().endswith("result: truncated")

@@ -63,6 +63,8 @@ __all__ = [
     "Verdict",
     "analyse",
     "read_stamp",
+    "render_text",
+    "report_json",
     "send_stamp",
 ]
 
@@ -480,9 +482,9 @@ def _is_keepalive(frame: Frame) -> bool:
 
 
 def _silences(capture: Capture, report: Report) -> None:
-    """The longest time without a byte, from the response head to the end."""
-    moments = [capture.headers_at, *(read.at for read in capture.reads), capture.ended_at]
-    longest, since = 0.0, capture.headers_at
+    """The longest time without a byte, from the request to the end (a held head counts)."""
+    moments = [0.0, capture.headers_at, *(read.at for read in capture.reads), capture.ended_at]
+    longest, since = 0.0, 0.0
     for before, after in itertools.pairwise(moments):
         if after - before > longest:
             longest, since = after - before, before
