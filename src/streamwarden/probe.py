@@ -116,6 +116,8 @@ IDLE_CUT_MIN_SECONDS = 0.5
 IDLE_CUT_GAP_FACTOR = 5.0
 #: A pause of this share of ``--stall`` is the asked one (timers and pacing round).
 STALL_SEEN_SHARE = 0.8
+#: A negative delay past this is the two clocks' offset, not rounding.
+CLOCK_SKEW_SECONDS = 0.005
 #: Inflated bytes per step: a hostile hop's gzip bomb costs this much at a time.
 _INFLATE_STEP = 256 * 1024
 #: Events listed one by one in the text report; the rest are summarised.
@@ -259,6 +261,8 @@ class Report:
     keepalive_times: list[float]
     terminal_seen: bool
     stall: float | None
+    #: False when a bound (or a broken compressed body) stopped the decoding early.
+    decoded_whole: bool = True
     notes: list[str] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
 
@@ -326,7 +330,7 @@ def analyse(capture: Capture) -> Report:
         ending=capture.ending,
         ended_at=capture.ended_at,
         error=capture.error,
-        first_byte_at=None,
+        first_byte_at=next((read.at for read in capture.reads if read.data), None),
         first_event_at=None,
         reads=len(capture.reads),
         body_bytes=sum(len(read.data) for read in capture.reads),
@@ -343,6 +347,12 @@ def analyse(capture: Capture) -> Report:
     report.dialect = dialect.name
     report.terminal_event = dialect.terminal_event
     _silences(capture, report)
+    delays = report.delays()
+    if delays and min(delays) < -CLOCK_SKEW_SECONDS:
+        report.notes.append(
+            f"an event arrived {_seconds(-min(delays))} before it was sent: the far end's clock "
+            "is ahead of this one (NTP?); the delays hold that offset"
+        )
     report.verdicts = _verdicts(capture, report, dialect, framing is not None)
     return report
 
@@ -355,12 +365,12 @@ def _decode(capture: Capture, report: Report, detection: Detection, framing: str
             "the body's Content-Encoding is not one the probe inflates (gzip, deflate): "
             "its events could not be read"
         )
+        report.decoded_whole = False
         return detection.dialect
     decoder = _Decoder(capture, report, detection, framing, encoding)
     for number, read in enumerate(capture.reads, start=1):
-        if report.first_byte_at is None and read.data:
-            report.first_byte_at = read.at
         if not decoder.feed(number, read):
+            report.decoded_whole = False
             break
     count: dict[int, int] = {}
     for events in decoder.per_read.values():
@@ -399,7 +409,9 @@ class _Decoder:
         try:
             for piece in self._pieces(read.data):
                 self._decoded += len(piece)
-                if self._decoded > self._capture.max_bytes:
+                # The face stops reading at --max-bytes of raw body; this bounds
+                # what a compressed body inflates to.
+                if self._inflater is not None and self._decoded > self._capture.max_bytes:
                     self._report.notes.append(
                         f"the body inflated past --max-bytes ({self._capture.max_bytes} bytes): "
                         "the rest was not read"
@@ -497,7 +509,7 @@ def _silences(capture: Capture, report: Report) -> None:
 
 def _verdicts(capture: Capture, report: Report, dialect: Dialect, is_stream: bool) -> list[Verdict]:
     if not 200 <= capture.status < 300 or not is_stream:
-        return [_not_a_stream(report, is_stream)]
+        return [_not_a_stream(report)]
     return [
         Verdict(
             Symptom.NOT_A_STREAM, Finding.CLEAR, f"{report.status}, {report.header('Content-Type')}"
@@ -517,7 +529,7 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.1f} s"
 
 
-def _not_a_stream(report: Report, is_stream: bool) -> Verdict:
+def _not_a_stream(report: Report) -> Verdict:
     kind = report.header("Content-Type") or "no Content-Type"
     if not 200 <= report.status < 300:
         evidence = f"the answer was {report.status} ({kind}), not a stream"
@@ -696,6 +708,10 @@ def _idle_cut(capture: Capture, report: Report) -> Verdict:
     last_byte = capture.reads[-1].at if capture.reads else capture.headers_at
     silence = capture.ended_at - last_byte
     asked = f" (--stall {capture.stall:g}s asked)" if capture.stall is not None else ""
+    if not report.decoded_whole and not report.terminal_seen:
+        return Verdict(
+            Symptom.IDLE_CUT, Finding.UNTESTED, "the probe could not read the stream to its end"
+        )
     if report.ending is Ending.GAVE_UP:
         return Verdict(
             Symptom.IDLE_CUT,
@@ -755,7 +771,7 @@ def _truncated(report: Report, dialect: Dialect) -> Verdict:
             Finding.CLEAR,
             f"ended with its terminal event ({report.terminal_event})",
         )
-    if report.ending in (Ending.GAVE_UP, Ending.TOO_LARGE):
+    if report.ending in (Ending.GAVE_UP, Ending.TOO_LARGE) or not report.decoded_whole:
         return Verdict(
             Symptom.TRUNCATED,
             Finding.UNTESTED,
