@@ -142,6 +142,10 @@ async def test_nginx_with_proxy_buffering_on_is_buffered(mock: MockServer, tmp_p
         assert lumped[-1] - lumped[0] < 0.2, lumped  # the path really lumps
         plot = tmp_path / "probe.png"
         code, report = await probe(url, *PACE, "--plot", str(plot))
+        # Without send times (a far end that is not the mock) the arrivals alone tell.
+        unstamped_code, unstamped = await probe(url, *PACE, "--no-stamp")
+    assert unstamped_code == 1 and "buffered" in unstamped["symptoms"], unstamped["verdicts"]
+    assert all(event["sent_unix"] is None for event in unstamped["events"])
     assert code == 1
     assert "buffered" in report["symptoms"]
     buffered = verdict(report, "buffered")

@@ -104,6 +104,11 @@ HELD_SHARE = 0.5
 LUMP_EVENTS = 3
 #: ... and lumps separated by silences this long mean a hop released them in batches.
 LUMP_GAP_SECONDS = 0.15
+#: Without send times: every event within this long, after waiting this long
+#: from the request, is an answer held whole. (A model faster than about 100
+#: events a second would look the same: send times settle it.)
+ALL_AT_ONCE_SECONDS = 0.05
+ALL_AT_ONCE_WAIT_SECONDS = 0.5
 #: Fewer events than this say nothing about buffering.
 MIN_EVENTS_FOR_BUFFERING = 4
 #: A silence this long with no keep-alive means the path gets none (the
@@ -584,12 +589,12 @@ def _buffered(report: Report) -> Verdict:
     if (
         in_lumps >= HELD_SHARE * len(events)
         and len(lumps) == 1
-        and (events[0].at - report.headers_at) >= 0.5
-        and spread < 0.05
+        and events[0].at >= ALL_AT_ONCE_WAIT_SECONDS
+        and spread < ALL_AT_ONCE_SECONDS
     ):
         evidence = (
             f"all {len(events)} events arrived within {_seconds(spread)}, "
-            f"{_seconds(events[0].at - report.headers_at)} after the headers: held until the end"
+            f"{_seconds(events[0].at)} after the request: held until the end (no send times)"
         )
         return Verdict(Symptom.BUFFERED, Finding.FOUND, evidence, _BUFFER_FIX)
     if in_lumps >= HELD_SHARE * len(events) and _gaps_between(report, lumps) >= LUMP_GAP_SECONDS:
