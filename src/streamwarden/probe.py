@@ -266,6 +266,8 @@ class Report:
     keepalive_times: list[float]
     terminal_seen: bool
     stall: float | None
+    #: The wall-clock time (Unix seconds) at which the request was sent.
+    started_wall: float = 0.0
     #: False when a bound (or a broken compressed body) stopped the decoding early.
     decoded_whole: bool = True
     notes: list[str] = field(default_factory=list)
@@ -347,6 +349,7 @@ def analyse(capture: Capture) -> Report:
         keepalive_times=[],
         terminal_seen=False,
         stall=capture.stall,
+        started_wall=capture.started_wall,
     )
     dialect = _decode(capture, report, detection, framing or "sse")
     report.dialect = dialect.name

@@ -44,11 +44,27 @@ def plot(report: Report, path: str | Path, title: str) -> None:
         top = max([*sent, *arrived, 0.001])
         axes.plot([0, top], [least, top + least], color="0.75", linewidth=1, label="no buffering")
         axes.plot(sent, arrived, "o", markersize=3.5, color="tab:blue", label="event")
+        if report.keepalive_times:
+            # Keep-alives have no send time: a tick at the right edge, at their arrival.
+            ticks = [report.started_wall + at - origin for at in report.keepalive_times]
+            axes.plot(
+                [top] * len(ticks), ticks, "_", markersize=12, color="tab:green", label="keep-alive"
+            )
         axes.set_xlabel("sent (s, at the far end)")
         axes.set_ylabel("arrived (s, at the probe)")
     else:
         numbers = [e.index for e in report.events]
         axes.plot(numbers, [e.at for e in report.events], "o", markersize=3.5, label="event")
+        if report.keepalive_times:
+            right = max(numbers, default=1)
+            axes.plot(
+                [right] * len(report.keepalive_times),
+                report.keepalive_times,
+                "_",
+                markersize=12,
+                color="tab:green",
+                label="keep-alive",
+            )
         axes.set_xlabel("event number (the far end does not stamp send times)")
         axes.set_ylabel("arrived (s after the request)")
     found = [v.symptom.value for v in report.verdicts if v.fails]
