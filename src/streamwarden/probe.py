@@ -268,6 +268,8 @@ class Report:
     stall: float | None
     #: The wall-clock time (Unix seconds) at which the request was sent.
     started_wall: float = 0.0
+    #: ``sse`` or ``lines`` (NDJSON, the Vercel data stream: no comment lines, no stamps).
+    framing: str = "sse"
     #: False when a bound (or a broken compressed body) stopped the decoding early.
     decoded_whole: bool = True
     notes: list[str] = field(default_factory=list)
@@ -350,6 +352,7 @@ def analyse(capture: Capture) -> Report:
         terminal_seen=False,
         stall=capture.stall,
         started_wall=capture.started_wall,
+        framing=framing or "sse",
     )
     dialect = _decode(capture, report, detection, framing or "sse")
     report.dialect = dialect.name
@@ -863,7 +866,12 @@ def render_text(report: Report, request_line: str, sent_headers: Sequence[tuple[
             f"({len(delays)} stamped events)"
         )
     else:
-        lines.append("path delay: unknown (the far end does not stamp its events)")
+        why = (
+            "a line-based stream has no comment lines to carry send times"
+            if report.framing == "lines"
+            else "the far end does not stamp its events"
+        )
+        lines.append(f"path delay: unknown ({why})")
     lines.extend(f"note: {note}" for note in report.notes)
     if report.events:
         lines.append("events:   #   arrival   read  path delay  event")
