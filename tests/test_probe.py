@@ -250,6 +250,16 @@ async def test_the_sidecar_in_front_is_clean_with_keepalives_and_its_headers(
     assert code == 1 and report["symptoms"] == ["no-keepalives"]
 
 
+async def test_the_sidecars_own_idle_timeout_shows_as_its_error_event(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url, keepalive_interval=0.2, upstream_idle_timeout=0.5)
+    code, report = await probe(f"http://127.0.0.1:{sidecar.proxy_port}", *PACE, "--stall", "2s")
+    assert code == 1 and "truncated" in report["symptoms"]
+    assert "upstream_timeout" in verdict(report, "truncated")["evidence"]
+    assert report["ending"] == "complete" and report["keepalives"] >= 1
+
+
 async def test_a_truncating_upstream_is_truncated_not_cut() -> None:
     async with await start_mock(settings=MockSettings(fault="truncate")) as truncating:
         code, report = await probe(truncating.url, *PACE)

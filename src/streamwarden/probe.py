@@ -125,6 +125,9 @@ STALL_SEEN_SHARE = 0.8
 CLOCK_SKEW_SECONDS = 0.005
 #: Inflated bytes per step: a hostile hop's gzip bomb costs this much at a time.
 _INFLATE_STEP = 256 * 1024
+#: In-band error events kept for the report, and how much of each.
+_KEPT_ERRORS = 5
+_ERROR_TEXT = 300
 #: Events listed one by one in the text report; the rest are summarised.
 _LISTED_HEAD = 20
 _LISTED_TAIL = 10
@@ -272,6 +275,8 @@ class Report:
     framing: str = "sse"
     #: False when a bound (or a broken compressed body) stopped the decoding early.
     decoded_whole: bool = True
+    #: The data of in-band error events (a provider's, or streamwarden's synthesized ones).
+    error_events: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
 
@@ -477,7 +482,10 @@ class _Decoder:
                 self.dialect = sniff(event, self.dialect)
                 self._provisional = False
             sent = read_stamp(frame.raw)
-            terminal = self.dialect.inspect(event).terminal
+            observed = self.dialect.inspect(event)
+            terminal = observed.terminal
+            if observed.error and len(report.error_events) < _KEPT_ERRORS:
+                report.error_events.append(event.data[:_ERROR_TEXT])
             report.terminal_seen = report.terminal_seen or terminal
             if report.first_event_at is None:
                 report.first_event_at = read.at
@@ -798,7 +806,9 @@ def _truncated(report: Report, dialect: Dialect) -> Verdict:
         "ended cleanly" if report.ending is Ending.COMPLETE else f"broke ({report.error or 'cut'})"
     )
     evidence = f"the stream {how} after {len(report.events)} events without {report.terminal_event}"
-    if report.ending is Ending.COMPLETE:
+    if report.error_events:
+        evidence += f"; it carried an error event: {report.error_events[0]}"
+    elif report.ending is Ending.COMPLETE:
         evidence += ": the official SDKs end silently on this, with half an answer"
     fix = (
         "find the hop that ends the response early (its timeouts, its body size limits); "
@@ -873,6 +883,7 @@ def render_text(report: Report, request_line: str, sent_headers: Sequence[tuple[
         )
         lines.append(f"path delay: unknown ({why})")
     lines.extend(f"note: {note}" for note in report.notes)
+    lines.extend(f"error event: {data}" for data in report.error_events)
     if report.events:
         lines.append("events:   #   arrival   read  path delay  event")
         events = report.events
@@ -959,6 +970,7 @@ def report_json(
             }
             for e in report.events
         ],
+        "error_events": report.error_events,
         "notes": report.notes,
         "verdicts": [
             {
