@@ -1,4 +1,5 @@
-"""The ``streamwarden`` command: run, demo, mock-upstream, check-config, top, inject, webhook.
+"""The ``streamwarden`` command: run, demo, mock-upstream, check-config, top, inject, webhook,
+probe.
 
 Any bad flag or configuration value ends the process with exit code 2 and
 one line on stderr that names the key, the value and what was expected.
@@ -16,7 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from streamwarden import __version__
-from streamwarden.config import ENV_PREFIX, ConfigError, Settings, load_settings
+from streamwarden.config import (
+    ENV_PREFIX,
+    ConfigError,
+    Settings,
+    load_settings,
+    parse_duration,
+    parse_size,
+)
 from streamwarden.dialects import DIALECT_NAMES
 
 if TYPE_CHECKING:
@@ -174,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
         "--log-format", default="json", choices=("json", "text"), help="default %(default)s"
     )
     _inject_flags(webhook)
+    _probe_parser(commands)
     return parser
 
 
@@ -203,6 +212,70 @@ def _inject_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[=/PATH],...",
         help="egress mode: the app variables pointed at the sidecar (default %(default)s)",
     )
+
+
+def _probe_parser(commands: Any) -> None:
+    probe = commands.add_parser(
+        "probe",
+        help="find the hop that buffers, compresses or cuts a stream",
+        description="Send one streaming request along the real path (by default an "
+        "OpenAI-style chat completion with stream: true) and report how its events "
+        "arrived, with a verdict per symptom: buffered, compressed, no keep-alives, cut by "
+        "an idle timeout, truncated, missing no-buffering headers. When the far end is "
+        "streamwarden mock-upstream (or a sidecar in front of it), each event carries its "
+        "send time and the delay in the path is exact.",
+        epilog="Exit code 0: clean; 1: a symptom was found (or no answer); 2: bad usage.",
+    )
+    probe.add_argument("url", metavar="URL", help="a URL without a path gets /v1/chat/completions")
+    probe.add_argument("--method", "-X", default="POST", help="default %(default)s")
+    probe.add_argument(
+        "-H",
+        "--header",
+        dest="headers",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a request header (repeatable); Authorization and keys are never printed",
+    )
+    probe.add_argument(
+        "--data", "-d", metavar="BODY", help="the request body, or @FILE (default: a chat request)"
+    )
+    probe.add_argument(
+        "--dialect", default="auto", choices=DIALECT_NAMES, help="default %(default)s"
+    )
+    probe.add_argument(
+        "--stall",
+        metavar="DURATION",
+        help="ask the far end (streamwarden mock-upstream) for a silence this long "
+        "mid-stream, to find the path's idle timeout (e.g. 75s)",
+    )
+    probe.add_argument(
+        "--max-time", metavar="DURATION", help="stop reading after this long (default 300s)"
+    )
+    probe.add_argument(
+        "--max-bytes",
+        metavar="SIZE",
+        default="16MiB",
+        help="stop reading past this much body, compressed or inflated (default %(default)s)",
+    )
+    probe.add_argument(
+        "--max-events",
+        metavar="N",
+        default="100000",
+        help="stop reading past this many events (default %(default)s)",
+    )
+    probe.add_argument(
+        "--connect-timeout", metavar="DURATION", default="10s", help="default %(default)s"
+    )
+    probe.add_argument("--cacert", metavar="FILE", help="CA bundle for an https:// URL")
+    probe.add_argument(
+        "--no-stamp",
+        dest="stamp",
+        action="store_false",
+        help="do not send x-mock-stamp: 1 (the mock's send-time control)",
+    )
+    probe.add_argument("--json", action="store_true", help="print the report as JSON")
+    probe.add_argument("--plot", metavar="FILE.png", help="draw send time against arrival time")
 
 
 def _flag(
@@ -370,6 +443,79 @@ def _webhook(args: argparse.Namespace) -> int:
     return asyncio.run(run_webhook(args.listen, certificates, options, max_body_bytes))
 
 
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("count")
+    return number
+
+
+def _option(parse: Any, flag: str, value: str | None, default: Any) -> Any:
+    if value is None:
+        return default
+    try:
+        return parse(value)
+    except ValueError:
+        kinds = {parse_size: "a size such as 16MiB", _count: "a whole number"}
+        kind = kinds.get(parse, "a duration such as 75s")
+        raise ConfigError(f"{flag} {value!r}: expected {kind}") from None
+
+
+def _probe(args: argparse.Namespace) -> int:
+    """``streamwarden probe``: 0 clean, 1 a symptom (or no answer), 2 bad usage."""
+    import json
+    from pathlib import Path
+
+    from streamwarden.probe import analyse, render_text, report_json
+    from streamwarden.probe_client import ProbeError, UsageError, capture, prepare
+
+    stall = _option(parse_duration, "--stall", args.stall, None)
+    if stall is not None and stall <= 0:
+        raise ConfigError(f"--stall {args.stall!r}: expected a duration above 0")
+    default_time = 300.0 if stall is None else max(300.0, stall + 60.0)
+    data: bytes | None = None
+    if args.data is not None:
+        given: str = args.data
+        data = Path(given[1:]).read_bytes() if given.startswith("@") else given.encode()
+    try:
+        request = prepare(
+            args.url,
+            method=args.method,
+            headers=args.headers,
+            data=data,
+            stall=stall,
+            stamp=args.stamp,
+            max_time=_option(parse_duration, "--max-time", args.max_time, default_time),
+            max_bytes=_option(parse_size, "--max-bytes", args.max_bytes, 0),
+            max_events=_option(_count, "--max-events", args.max_events, 0),
+            connect_timeout=_option(parse_duration, "--connect-timeout", args.connect_timeout, 0),
+            ca_bundle=args.cacert,
+        )
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError('--plot needs matplotlib: pip install "streamwarden[plot]"') from None
+    try:
+        captured = asyncio.run(capture(request, dialect=args.dialect))
+    except ProbeError as exc:
+        print(f"streamwarden probe: {exc}", file=sys.stderr)
+        return 1
+    report = analyse(captured)
+    line = f"{request.method} {request.shown_url}"
+    if args.json:
+        print(json.dumps(report_json(report, line, request.shown_headers()), indent=2))
+    else:
+        sys.stdout.write(render_text(report, line, request.shown_headers()))
+    if args.plot is not None:
+        from streamwarden.probe_plot import plot
+
+        plot(report, args.plot, line)
+    return 1 if report.fails else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["mock-upstream"]:
@@ -395,6 +541,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inject(args)
         if args.command == "webhook":
             return _webhook(args)
+        if args.command == "probe":
+            return _probe(args)
         if args.command == "demo":
             from streamwarden.demo import run_demo
 

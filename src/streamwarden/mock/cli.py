@@ -70,6 +70,8 @@ which wins; they override the flags above for one request):
   status CODE       error-status's HTTP status (a status >= 400 implies it)
   body 0|1          0: error-status answers with an empty body
   tool-call 0|1     1: a streamed tool call (openai-chat, anthropic)
+  stamp 0|1         1: each SSE block starts with ': streamwarden-sent <unix time>'
+                    (streamwarden probe's per-event path delay)
   request-id ID     the id recorded and returned in x-mock-request-id
 
 faults:

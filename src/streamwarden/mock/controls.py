@@ -25,6 +25,11 @@ Controls (name: meaning, default):
   anthropic only) (0)
 - ``request-id``: the id the mock records and returns in
   ``x-mock-request-id`` (generated)
+- ``stamp``: ``1`` starts every event block of a server-sent events stream
+  with a comment line holding the wall-clock time the block was written
+  (:func:`streamwarden.probe.send_stamp`), for ``streamwarden probe``'s
+  per-event path delay; clients ignore comment lines, so the events are
+  unchanged (0)
 """
 
 from __future__ import annotations
@@ -128,6 +133,8 @@ class Controls:
     status: int
     error_body: bool
     tool_call: bool
+    stamp: bool = False
+    """Start each SSE block with its send time (``streamwarden probe``)."""
 
     def strike_after(self) -> int:
         """Tokens written before a cutting fault strikes."""
@@ -176,6 +183,7 @@ def parse_controls(
         status=status,
         error_body=_flag(raw, "body", True),
         tool_call=_flag(raw, "tool-call", False),
+        stamp=_flag(raw, "stamp", False),
     )
 
 

@@ -47,6 +47,7 @@ from streamwarden.mock.faults import (
 from streamwarden.mock.formats import Answer, Frame, WireFormat, format_for_path, wire_format
 from streamwarden.mock.stats import MockStats, RequestRecord
 from streamwarden.mock.tokens import mock_tokens, tool_call_fragments
+from streamwarden.probe import send_stamp
 
 __all__ = ["MockServer", "create_app", "start_mock"]
 
@@ -501,6 +502,8 @@ async def _play(
             cut = cut_index(frames, controls.strike_after())
 
         strikes = fault is not None and fault.cuts_stream
+        # Only SSE has comment lines: a line-based stream stays unstamped.
+        stamped = controls.stamp and fmt.is_sse
         for index, frame in enumerate(frames):
             if (
                 strikes
@@ -510,7 +513,9 @@ async def _play(
                 return response
             if frame.tokens:
                 await pacer.next_token(writer)
-            await writer.write(frame.data, frame.tokens)
+            # The stamp is taken as the block goes to the socket, after the pacing wait.
+            data = send_stamp(time.time()) + frame.data if stamped else frame.data
+            await writer.write(data, frame.tokens)
         record.completed = True
         if strikes and cut == len(frames):
             # A format without a terminal event can still be cut after its last event.
