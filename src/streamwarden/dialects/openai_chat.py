@@ -21,6 +21,7 @@ from streamwarden.dialects.base import (
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
     as_int,
     dump_json,
     load_json,
@@ -60,6 +61,32 @@ class OpenAIChat(Dialect):
     def error_event(self, code: str, message: str) -> bytes:
         error = {"message": message, "type": "stream_error", "code": code, "param": None}
         return sse_block(dump_json({"error": error}))
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        # The same fields as _choices_text, in the same order.
+        choices = root.get("choices") if isinstance(root, dict) else None
+        if not isinstance(choices, list):
+            return []
+        places: list[Place] = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                for field, value in delta.items():
+                    if field in _DELTA_TEXT_FIELDS and isinstance(value, str):
+                        places.append((delta, field))
+                calls = delta.get("tool_calls")
+                if tool_arguments and isinstance(calls, list):
+                    for call in calls:
+                        function = call.get("function") if isinstance(call, dict) else None
+                        if isinstance(function, dict) and isinstance(
+                            function.get("arguments"), str
+                        ):
+                            places.append((function, "arguments"))
+            if isinstance(choice.get("text"), str):
+                places.append((choice, "text"))
+        return places
 
     @classmethod
     def sniff(cls, event: Event) -> bool:

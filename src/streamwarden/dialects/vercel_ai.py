@@ -16,12 +16,15 @@ inside the message text.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamwarden.dialects.base import (
     NOTHING,
     TERMINAL,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
     as_int,
     dump_json,
     load_json,
@@ -70,6 +73,22 @@ class VercelDataStream(Dialect):
     def error_event(self, code: str, message: str) -> bytes:
         return f"3:{dump_json(message)}\n".encode()
 
+    # A record is loaded as [type, value]: the text is the value, or its argsTextDelta.
+    def load_data(self, event: Event, loads: Any = None) -> Any:
+        kind, sep, payload = event.data.partition(":")
+        return [kind, (loads or load_json)(payload)] if sep else [kind, None]
+
+    def dump_data(self, event: Event, root: Any) -> str:
+        return f"{root[0]}:{dump_json(root[1])}"
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind, value = root
+        if kind in ("0", "g") and isinstance(value, str):
+            return [(root, 1)]
+        if kind == "c" and tool_arguments and isinstance(value, dict):
+            return [(value, "argsTextDelta")] if isinstance(value.get("argsTextDelta"), str) else []
+        return []
+
 
 class VercelUIMessageStream(Dialect):
     __slots__ = ()
@@ -102,3 +121,10 @@ class VercelUIMessageStream(Dialect):
 
     def error_event(self, code: str, message: str) -> bytes:
         return sse_block(dump_json({"type": "error", "errorText": message}))
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind = root.get("type") if isinstance(root, dict) else None
+        field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field is None or (kind == "tool-input-delta" and not tool_arguments):
+            return []
+        return [(root, field)] if isinstance(root.get(field), str) else []
