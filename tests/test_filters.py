@@ -418,3 +418,37 @@ def test_how_the_text_is_cut_into_events_never_changes_what_the_client_reads(
 
     assert chat_text(split) == chat_text(whole)
     assert SECRET not in chat_text(split) and REDACTED in chat_text(split)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+
+    def append(self, seq: int, data: bytes) -> None:
+        self.events.append(data)
+
+    def end(self, state: str, dialect: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_the_journal_keeps_what_the_client_gets_redacted_and_in_order(detached: bool) -> None:
+    from streamwarden.resume import Journal
+
+    sink = _Sink()
+    r = relay("openai-chat", REDACT)
+    r.journal = Journal("s1", sink)
+    events = _events_of(openai_chat(split_secret(TEXT, SECRET, 3)), "openai-chat")
+    if detached:  # the client left: the stream runs on into its journal for a resume
+        r.client_gone(0.5, detach_until=100.0)
+    out = b"".join(r.feed(e.encode(), float(i)) for i, e in enumerate(events))
+    out += r.upstream_eof(50.0)
+    if detached:
+        assert out == b""  # nobody to write to; the journal has it all
+    else:
+        assert b"".join(sink.events) == out
+    stored = b"".join(sink.events).decode()
+    assert SECRET not in chat_text(stored.encode()) and REDACTED in chat_text(stored.encode())
+    assert [e.id for e in SSEDecoder().feed(stored.encode())] == [
+        f"s1.{i}" for i in range(1, len(events) + 1)
+    ]
