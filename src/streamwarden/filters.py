@@ -90,31 +90,23 @@ class _Pattern:
     """One pattern of a filter: what the regex module searches for."""
 
     source: str
-    #: Every match of ``source`` begins with a match of this (standard ``re``)
-    #: pattern, with the same look-behind; ``None`` when that is not known.
-    head: str | None
-    #: Proper prefixes of what ``head`` matches: text ending in one may begin a match.
-    head_prefixes: tuple[str, ...] = ()
+    #: Every match of ``source`` begins with one of these strings (``None``:
+    #: not known, as for a configured regex)...
+    heads: tuple[str, ...] | None
+    #: ...not preceded by a character of this class (a ``re`` character set).
+    not_after: str | None = None
     #: A check on the matched text (Luhn for card numbers).
     luhn: bool = False
 
 
 # Token shapes are matched only where they begin a word: "tasks-" is not "sk-".
-_WORD_START = r"(?<![A-Za-z0-9_-])"
-_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_WORD_CHARS = "[A-Za-z0-9_-]"
+_WORD_START = f"(?<!{_WORD_CHARS})"
 
 
-def _prefixes(*heads: str) -> tuple[str, ...]:
-    return tuple(sorted({h[:i] for h in heads for i in range(1, len(h))}))
-
-
-def _token(head_literals: Sequence[str], body: str) -> _Pattern:
-    alternatives = "|".join(re.escape(h) for h in head_literals)
-    return _Pattern(
-        source=f"{_WORD_START}(?:{alternatives}){body}",
-        head=f"{_WORD_START}(?:{alternatives})",
-        head_prefixes=_prefixes(*head_literals),
-    )
+def _token(heads: Sequence[str], body: str) -> _Pattern:
+    alternatives = "|".join(re.escape(h) for h in heads)
+    return _Pattern(f"{_WORD_START}(?:{alternatives}){body}", tuple(heads), _WORD_CHARS)
 
 
 #: The built-in sets. Each pattern is bounded (at most a few hundred characters).
@@ -140,17 +132,14 @@ BUILTIN_SETS: dict[str, tuple[_Pattern, ...]] = {
             r"[0-9A-Za-z]{16,200}(?![0-9A-Za-z])",
         ),
         # PEM private key headers (RSA, EC, DSA, OPENSSH, ENCRYPTED, PKCS#8).
-        _Pattern(
-            source=r"-----BEGIN (?:[A-Z0-9]{1,12} ){0,2}PRIVATE KEY-----",
-            head=r"-----BEGIN ",
-            head_prefixes=_prefixes("-----BEGIN "),
-        ),
+        _Pattern(r"-----BEGIN (?:[A-Z0-9]{1,12} ){0,2}PRIVATE KEY-----", ("-----BEGIN ",)),
     ),
     "cards": (
         # 13 to 19 digits, optionally grouped by single spaces or dashes, Luhn-checked.
         _Pattern(
-            source=r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])",
-            head=r"(?<![0-9])[0-9]",
+            r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])",
+            tuple("0123456789"),
+            "[0-9]",
             luhn=True,
         ),
     ),
@@ -228,20 +217,18 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
     combinable: list[str] = []
     groups: dict[str, int] = {}
     searchers: list[tuple[Any, dict[str, int] | int]] = []
-    heads: list[str] = []
+    # The prefilter: per first character (and look-behind), what may follow it.
+    heads: dict[tuple[str, str | None], set[str]] = {}
     all_headed = True
     luhn: set[int] = set()
     for index, (rule, pattern) in enumerate(patterns):
         if pattern.luhn:
             luhn.add(rule)
-        if pattern.head is None:
+        if pattern.heads is None:
             all_headed = False
         else:
-            head = f"(?:{pattern.head})"
-            if pattern.head_prefixes:
-                ends = "|".join(re.escape(p) for p in pattern.head_prefixes)
-                head = f"(?:{pattern.head}|{_head_lookbehind(pattern.head)}(?:{ends})\\Z)"
-            heads.append(head)
+            for head in pattern.heads:
+                heads.setdefault((head[0], pattern.not_after), set()).update(_continuations(head))
         alone = regex.compile(pattern.source)
         if alone.groups:  # its own groups (and back-references) keep their numbers alone
             searchers.append((alone, rule))
@@ -251,12 +238,30 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
             combinable.append(f"(?P<{name}>{pattern.source})")
     if combinable:
         searchers.insert(0, (regex.compile("|".join(combinable)), groups))
-    prefilter = re.compile("|".join(heads)) if all_headed and heads else None
+    prefilter = re.compile(_prefilter(heads)) if all_headed and heads else None
     return _Compiled(tuple(searchers), prefilter, frozenset(luhn))
 
 
-def _head_lookbehind(head: str) -> str:
-    return _WORD_START if head.startswith(_WORD_START) else ""
+def _continuations(head: str) -> list[str]:
+    """What may follow a head's first character: the rest of it, or any part of it at the end."""
+    rest = [re.escape(head[1:])]
+    return rest + [re.escape(head[1:i]) + r"\Z" for i in range(1, len(head))]
+
+
+def _prefilter(heads: dict[tuple[str, str | None], set[str]]) -> str:
+    """One ``re`` pattern whose every branch starts with a plain character.
+
+    So the engine skips along the text looking for those characters only:
+    the look-behind comes after the first character (``s(?<![...]s)``), not
+    before it, where it would be tried at every position.
+    """
+    branches: list[str] = []
+    for (first, not_after), follows in sorted(heads.items(), key=lambda kv: str(kv[0])):
+        char = re.escape(first)
+        guard = f"(?<!{not_after}{char})" if not_after else ""
+        options = "|".join(sorted(follows, key=lambda f: (-len(f), f)))
+        branches.append(f"{char}{guard}(?:{options})")
+    return "|".join(branches)
 
 
 @lru_cache(maxsize=64)
@@ -280,13 +285,7 @@ def compile_filters(rules: tuple[FilterRule, ...], tool_arguments: bool) -> Filt
                 raise FilterError("an empty literal matches everywhere")
             if len(rule.value) > MAX_MATCH_LENGTH:
                 raise FilterError(f"a literal is at most {MAX_MATCH_LENGTH} characters")
-            head = rule.value[:6]
-            patterns.append(
-                (
-                    index,
-                    _Pattern(regex.escape(rule.value), re.escape(head), _prefixes(head)),
-                )
-            )
+            patterns.append((index, _Pattern(regex.escape(rule.value), (rule.value[:6],))))
         else:
             patterns.append((index, _check_regex(rule)))
     return FilterSet(rules, tool_arguments, patterns)
@@ -399,34 +398,46 @@ class Holdback(Generic[T]):
         """Events are waiting for a possible match to resolve."""
         return bool(self._items)
 
-    def push(self, item: T, text: str, size: int, now: float) -> list[Released[T]]:
+    def push(self, item: T, text: str, size: int, now: float) -> list[Released[T]] | None:
         """One event arrived (``text``: what the filters read of it, maybe empty).
 
-        Returns the events that may leave now, in order: this one at once
-        when nothing is pending, or none while a prefix could still match.
-        After a ``block`` match, nothing more is ever released.
+        ``None`` means this event leaves at once, unchanged: nothing waits
+        before it and no match touches it (nearly every event). Otherwise
+        the events that may leave now, in order (maybe none: a prefix is
+        pending). After a ``block`` match nothing more is ever released.
         """
         if self.blocked is not None:
             return []
+        items = self._items
+        if not items:
+            if not text:
+                return None
+            # Nothing is undecided: only a head of some pattern in the new text
+            # (the context before it counts for look-behinds) needs a closer look.
+            prefilter = self._compiled.prefilter
+            if prefilter is not None:
+                old = self._buf
+                buf = old + text
+                if prefilter.search(buf, len(old)) is None:
+                    kept = buf[-_CONTEXT:]
+                    self._base += len(buf) - len(kept)
+                    self._buf = kept
+                    self._safe = self._base + len(kept)
+                    return None
         start = self._base + len(self._buf)
+        end = start + len(text)
         if text:
             matched = len(self._matches)
             self._buf += text
             self._scan(final=False)
-            end = start + len(text)
-            if not self._items and self._safe >= end and len(self._matches) == matched:
-                return [Released(item, _NO_CUTS)]
-        else:
-            end = start
-            if not self._items:
-                return [Released(item, _NO_CUTS)]
-        self._items.append(_Held(item, start, end, size, now, False))
+            if not items and self._safe >= end and len(self._matches) == matched:
+                return None
+        items.append(_Held(item, start, end, size, now, False))
         released = self._release(now)
-        if self._items:
-            for held in self._items:
-                if not held.held:
-                    held.held = True
-                    self.stats.held_bytes += held.size
+        for held in items:
+            if not held.held:
+                held.held = True
+                self.stats.held_bytes += held.size
         return released
 
     def close(self, now: float) -> list[Released[T]]:

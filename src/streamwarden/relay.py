@@ -41,7 +41,7 @@ from streamwarden.filters import FilterSet, Holdback, Released, apply_cuts
 from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.refusals import refusal_body
 from streamwarden.resume import Journal, strip_ids
-from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer, with_data
+from streamwarden.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
 from streamwarden.usage import without_usage_null
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
@@ -517,75 +517,94 @@ class Relay:
         meter = self.meter
         dialect = self._dialect
         injected = self._injected_usage
-        released: list[Released[_Waiting]] = []
-        events = 0
+        delivered = not self._client_gone
+        out: list[Frame] = []
+        events = 0  # of the frames in out
+        arrived = 0
         for frame in frames:
             event = frame.event
+            if event is None:  # a comment or a stray line: it keeps its place
+                if holdback.holding:
+                    leaving = holdback.push((frame, None, ""), "", len(frame.raw), now)
+                    events += self._take(leaving, out, now)
+                else:
+                    out.append(frame)
+                continue
+            arrived += 1
+            if self._provisional:
+                self._provisional = False
+                dialect = self._dialect = sniff(event, dialect)
+            seen = dialect.inspect(event)
             text = ""
-            parts: list[str] = []
             terminal = False
-            if event is not None:
-                events += 1
-                if self._provisional:
-                    self._provisional = False
-                    dialect = self._dialect = sniff(event, dialect)
-                seen = dialect.inspect(event)
-                if seen is not NOTHING:
-                    if seen.usage_only and injected:
-                        continue  # the client never asked for it: never held, never sent
-                    text = seen.text
-                    if seen.output_tokens is not None:
-                        meter.usage_tokens = seen.output_tokens
-                    if seen.terminal:
-                        self._terminal_seen = terminal = True
-                        meter.usage_final = True
-                    if seen.error:
-                        meter.upstream_reported_error = True
-                # Only events with text are read again for the filters.
-                if text:
+            parts: list[str] | None = None
+            if seen is not NOTHING:
+                if seen.usage_only and injected:
+                    continue  # the client never asked for it: never held, never sent
+                text = seen.text
+                if seen.output_tokens is not None:
+                    meter.usage_tokens = seen.output_tokens
+                if seen.terminal:
+                    self._terminal_seen = terminal = True
+                    meter.usage_final = True
+                if seen.error:
+                    meter.upstream_reported_error = True
+                if seen.tools:  # tool-call arguments: the filters read this one themselves
                     parts = dialect.filter_text(event, tools)
-                if injected:
-                    raw = without_usage_null(frame.raw)
-                    if raw is not frame.raw:
-                        frame = Frame(raw, event)
-            joined = parts[0] if len(parts) == 1 else "".join(parts)
-            released += holdback.push(_Waiting(frame, parts, text), joined, len(frame.raw), now)
+            if injected:
+                raw = without_usage_null(frame.raw)
+                if raw is not frame.raw:
+                    frame = Frame(raw, event)
+            filtered = text if parts is None else "".join(parts)
+            released = holdback.push((frame, parts, text), filtered, len(frame.raw), now)
+            if released is None:  # nothing waits and nothing matched: out as it came
+                out.append(frame)
+                events += 1
+                if text:
+                    meter.content(text, now, delivered=delivered)
+            else:
+                events += self._take(released, out, now)
             if terminal:  # no more text comes: what waits is decided now
-                released += holdback.close(now)
+                events += self._take(holdback.close(now), out, now)
             if holdback.blocked is not None:
                 break
-        meter.events_in += events
-        out = self._emit_released(released, now) if released else b""
+        meter.events_in += arrived
+        written = self._emit(out, events, now) if out else b""
         if holdback.blocked is not None:
-            return out + self._block(now)
-        return out
+            return written + self._block(now)
+        return written
 
-    def _emit_released(self, released: list[Released[_Waiting]], now: float) -> bytes:
-        """Write the events the hold-back let go, with their matches redacted."""
+    def _take(self, released: list[Released[_Waiting]] | None, out: list[Frame], now: float) -> int:
+        """Append the events the hold-back let go to ``out``, redacted; return how many."""
+        if not released:
+            return 0
         meter = self.meter
         delivered = not self._client_gone
-        frames: list[Frame] = []
         events = 0
         for leaving in released:
-            waiting = leaving.item
-            frame = waiting.frame
-            if leaving.cuts:
-                frame = self._redacted(frame, waiting.parts, leaving.cuts)
-            if frame.event is not None:
+            frame, parts, text = leaving.item
+            event = frame.event
+            if event is not None:
                 events += 1
-            if waiting.text:
-                meter.content(waiting.text, now, delivered=delivered)
-            frames.append(frame)
-        return self._emit(frames, events, now)
+                if leaving.cuts:
+                    frame = self._redacted(frame, event, parts, leaving.cuts)
+            if text:
+                meter.content(text, now, delivered=delivered)
+            out.append(frame)
+        return events
 
     def _redacted(
-        self, frame: Frame, parts: list[str], cuts: tuple[tuple[int, int, str], ...]
+        self,
+        frame: Frame,
+        event: Event,
+        parts: list[str] | None,
+        cuts: tuple[tuple[int, int, str], ...],
     ) -> Frame:
-        event = frame.event
-        assert event is not None and self._filters is not None
-        data = self._dialect.rewrite_text(
-            event, self._filters.tool_arguments, apply_cuts(parts, cuts)
-        )
+        assert self._filters is not None
+        tools = self._filters.tool_arguments
+        if parts is None:  # the dialect's text was the filtered text: its parts, read again
+            parts = self._dialect.filter_text(event, tools)
+        data = self._dialect.rewrite_text(event, tools, apply_cuts(parts, cuts))
         return Frame(with_data(frame.raw, data, lines=self._framing == "lines"), event)
 
     def _flush_filters(self, now: float) -> bytes:
@@ -593,11 +612,12 @@ class Relay:
         holdback = self._holdback
         if holdback is None or not holdback.holding:
             return b""
-        released = holdback.close(now)
-        out = self._emit_released(released, now) if released else b""
+        out: list[Frame] = []
+        events = self._take(holdback.close(now), out, now)
+        written = self._emit(out, events, now) if out else b""
         if holdback.blocked is not None:
-            return out + self._block(now)
-        return out
+            return written + self._block(now)
+        return written
 
     def _block(self, now: float) -> bytes:
         holdback = self._holdback
@@ -640,14 +660,10 @@ class Relay:
         return error
 
 
-@dataclass(slots=True)
-class _Waiting:
-    """An event in the filters' hold-back: its frame, its filtered text parts, its text."""
-
-    frame: Frame
-    parts: list[str]
-    #: The text the meter counts (the dialect's, tool arguments included).
-    text: str
+#: An event in the filters' hold-back: its frame, the text parts the filters
+#: read (``None``: the dialect's own text, read again only to redact), and the
+#: text the meter counts.
+_Waiting = tuple[Frame, list[str] | None, str]
 
 
 def _as_sent_without_injection(frames: list[Frame], hidden: list[Frame] | None) -> list[Frame]:

@@ -58,7 +58,7 @@ class Anthropic(Dialect):
                 field = _DELTA_TEXT.get(str(delta.get("type")))
                 text = delta.get(field) if field else None
                 if isinstance(text, str) and text:
-                    return Observation(text=text)
+                    return Observation(text=text, tools=field == "partial_json")
             return NOTHING
         if kind == "message_stop":
             return TERMINAL

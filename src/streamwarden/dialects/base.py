@@ -44,6 +44,10 @@ class Observation:
     #: The event only reports usage (OpenAI's ``"choices": []`` chunk): the
     #: one a client that did not ask for usage must not see.
     usage_only: bool = False
+    #: Part of ``text`` is tool-call arguments: output filters read such an
+    #: event themselves (:meth:`Dialect.filter_text`); for any other event
+    #: ``text`` is exactly the text they read, in the same order.
+    tools: bool = False
 
 
 #: The observation for events that mean nothing to the relay (pings,

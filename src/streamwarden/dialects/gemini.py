@@ -98,12 +98,12 @@ class Gemini(Dialect):
             return NOTHING
         if obj.get("error"):
             return UPSTREAM_ERROR
-        text, finished = _candidates(obj.get("candidates"))
+        text, finished, tools = _candidates(obj.get("candidates"))
         usage = obj.get("usageMetadata")
         tokens = as_int(usage.get("candidatesTokenCount")) if isinstance(usage, dict) else None
         if not text and tokens is None and not finished:
             return NOTHING
-        return Observation(text=text, output_tokens=tokens, terminal=finished)
+        return Observation(text=text, output_tokens=tokens, terminal=finished, tools=tools)
 
     def error_event(self, code: str, message: str) -> bytes:
         http_status, status = _STATUS.get(code, _OTHER)
@@ -136,11 +136,13 @@ class Gemini(Dialect):
         return isinstance(obj, dict) and ("candidates" in obj or "usageMetadata" in obj)
 
 
-def _candidates(candidates: Any) -> tuple[str, bool]:
+def _candidates(candidates: Any) -> tuple[str, bool, bool]:
+    """The text, whether a candidate finished, and whether a functionCall is in the text."""
     if not isinstance(candidates, list):
-        return "", False
+        return "", False, False
     parts_text: list[str] = []
     finished = False
+    tools = False
     for candidate in candidates:
         if not isinstance(candidate, dict):
             continue
@@ -159,4 +161,5 @@ def _candidates(candidates: Any) -> tuple[str, bool]:
             call = part.get("functionCall")
             if isinstance(call, dict) and "args" in call:
                 parts_text.append(dump_json(call["args"]))
-    return "".join(parts_text), finished
+                tools = True
+    return "".join(parts_text), finished, tools

@@ -48,7 +48,7 @@ class OpenAIChat(Dialect):
         if obj.get("error"):
             return UPSTREAM_ERROR
         choices = obj.get("choices")
-        text = _choices_text(choices)
+        text, tools = _choices_text(choices)
         usage = obj.get("usage")
         tokens = as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
         # The usage chunk has "choices": [] (with a count or not): the one a
@@ -56,7 +56,7 @@ class OpenAIChat(Dialect):
         usage_only = choices == [] and isinstance(usage, dict)
         if not text and tokens is None and not usage_only:
             return NOTHING
-        return Observation(text=text, output_tokens=tokens, usage_only=usage_only)
+        return Observation(text=text, output_tokens=tokens, usage_only=usage_only, tools=tools)
 
     def error_event(self, code: str, message: str) -> bytes:
         error = {"message": message, "type": "stream_error", "code": code, "param": None}
@@ -96,10 +96,12 @@ class OpenAIChat(Dialect):
         return isinstance(obj, dict) and "choices" in obj
 
 
-def _choices_text(choices: Any) -> str:
+def _choices_text(choices: Any) -> tuple[str, bool]:
+    """The text of the choices, and whether tool-call arguments are part of it."""
     if not isinstance(choices, list):
-        return ""
+        return "", False
     parts: list[str] = []
+    tools = False
     for choice in choices:
         if not isinstance(choice, dict):
             continue
@@ -117,7 +119,8 @@ def _choices_text(choices: Any) -> str:
                         arguments = function.get("arguments")
                         if isinstance(arguments, str):
                             parts.append(arguments)
+                            tools = True
         text = choice.get("text")  # legacy Completions
         if isinstance(text, str):
             parts.append(text)
-    return parts[0] if len(parts) == 1 else "".join(parts)
+    return (parts[0] if len(parts) == 1 else "".join(parts)), tools

@@ -62,7 +62,9 @@ class OpenAIResponses(Dialect):
         if kind in _TEXT_DELTAS:
             obj = obj if obj is not None else load_json(event.data)
             delta = obj.get("delta") if isinstance(obj, dict) else None
-            return Observation(text=delta) if isinstance(delta, str) and delta else NOTHING
+            if not isinstance(delta, str) or not delta:
+                return NOTHING
+            return Observation(text=delta, tools=kind in _TOOL_DELTAS)
         if kind in _ENDINGS:
             obj = obj if obj is not None else load_json(event.data)
             response = obj.get("response") if isinstance(obj, dict) else None

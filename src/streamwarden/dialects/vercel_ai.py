@@ -60,7 +60,9 @@ class VercelDataStream(Dialect):
         if kind == "c":
             value = load_json(payload)
             delta = value.get("argsTextDelta") if isinstance(value, dict) else None
-            return Observation(text=delta) if isinstance(delta, str) and delta else NOTHING
+            return (
+                Observation(text=delta, tools=True) if isinstance(delta, str) and delta else NOTHING
+            )
         if kind == "d":
             value = load_json(payload)
             usage = value.get("usage") if isinstance(value, dict) else None
@@ -107,7 +109,9 @@ class VercelUIMessageStream(Dialect):
         field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
         if field is not None:
             text = obj.get(field)
-            return Observation(text=text) if isinstance(text, str) and text else NOTHING
+            if not isinstance(text, str) or not text:
+                return NOTHING
+            return Observation(text=text, tools=kind == "tool-input-delta")
         if kind == "error":
             return UPSTREAM_ERROR
         if kind == "finish":
