@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamwarden.config import ConfigError, load_settings
+from streamwarden.dialects import sniff
 from streamwarden.filters import REDACTED, FilterRule, compile_filters, luhn_valid
 from streamwarden.meter import EndState
 from streamwarden.relay import KEEPALIVE, Limits, Relay
-from streamwarden.sse import SSEDecoder
+from streamwarden.sse import LineFramer, SSEDecoder, SSEFramer
 
 SECRET = "sk-proj-Q7eXg9TzK2mLw4RbN8vYc1HdJ"  # the shape of an OpenAI key, not a key
 CARD = "4111 1111 1111 1111"  # the classic Luhn-valid test number
@@ -452,3 +454,106 @@ def test_the_journal_keeps_what_the_client_gets_redacted_and_in_order(detached: 
     assert [e.id for e in SSEDecoder().feed(stored.encode())] == [
         f"s1.{i}" for i in range(1, len(events) + 1)
     ]
+
+
+# -- recorded streams of every dialect ------------------------------------------------------
+
+_STREAMS = Path(__file__).parent / "fixtures" / "streams"
+_MANIFEST: dict[str, dict[str, Any]] = json.loads((_STREAMS / "manifest.json").read_text())
+
+
+def _recorded_relay(name: str, rules: tuple[FilterRule, ...], tools: bool) -> Relay:
+    entry = _MANIFEST[name]
+    return Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path=entry["request_path"],
+        content_type=entry["content_type"],
+        headers=entry["headers"],
+        framing=entry["framing"],
+        filters=compile_filters(rules, tools),
+    )
+
+
+def _texts(name: str, stream: bytes, tools: bool) -> str:
+    """What the filters read of a stream, event by event, with the dialect's own walker."""
+    entry = _MANIFEST[name]
+    r = _recorded_relay(name, (), False)
+    framer = LineFramer() if entry["framing"] == "lines" else SSEFramer()
+    frames = framer.feed(stream)
+    dialect = r._dialect
+    out = []
+    for frame in frames:
+        if frame.event is not None:
+            dialect = sniff(frame.event, dialect) if dialect.name == "generic" else dialect
+            out += dialect.filter_text(frame.event, tools)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("name", sorted(_MANIFEST))
+def test_recorded_streams_pass_unchanged_and_the_dialect_text_is_the_filtered_text(
+    name: str,
+) -> None:
+    stream = (_STREAMS / name).read_bytes()
+    for tools in (False, True):
+        r = _recorded_relay(name, (*REDACT, FilterRule("builtin", "cards", "block", "c")), tools)
+        assert run(r, [stream]) == stream  # no false positive on a real answer
+        assert r.end_state is EndState.COMPLETED
+    # The meter's text and the filters' text come from one walk of each event.
+    entry = _MANIFEST[name]
+    r = _recorded_relay(name, (), False)
+    framer = LineFramer() if entry["framing"] == "lines" else SSEFramer()
+    for frame in framer.feed(stream):
+        if frame.event is None:
+            continue
+        if r._provisional:
+            r._dialect = sniff(frame.event, r._dialect)
+            r._provisional = False
+        seen = r._dialect.inspect(frame.event)
+        if seen.text and not seen.tools:
+            assert "".join(r._dialect.filter_text(frame.event, False)) == seen.text
+        if seen.tools and r._dialect.name != "gemini":
+            assert "".join(r._dialect.filter_text(frame.event, True)) == seen.text
+
+
+@pytest.mark.parametrize("name", sorted(_MANIFEST))
+def test_a_literal_in_a_recorded_answer_is_redacted_and_tool_arguments_only_when_asked(
+    name: str,
+) -> None:
+    stream = (_STREAMS / name).read_bytes()
+    entry = _MANIFEST[name]
+    cafe = (FilterRule("literal", "café", "redact", "cafe"),)
+    out = run(_recorded_relay(name, cafe, False), [stream])
+    if "café" not in entry["text"] and "café" not in _texts(name, stream, True):
+        assert out == stream
+        return
+    assert _texts(name, out, False) == _texts(name, stream, False).replace("café", REDACTED)
+    assert _texts(name, out, True).count(REDACTED) == _texts(name, stream, False).count("café")
+    both = run(_recorded_relay(name, cafe, True), [stream])
+    assert "café" not in _texts(name, both, True)
+    assert _texts(name, both, True) == _texts(name, stream, True).replace("café", REDACTED)
+
+
+def test_events_held_past_max_event_bytes_end_the_stream_closed() -> None:
+    limits = Limits(15.0, 60.0, 1800.0, 4096)
+    r = Relay(
+        limits,
+        started_at=0.0,
+        now=0.0,
+        path="/v1/chat/completions",
+        content_type="text/event-stream",
+        headers={},
+        filters=compile_filters(REDACT, False),
+    )
+    held = openai_chat(["the key sk-"])[: -len(b"data: [DONE]\n\n")]
+    assert r.feed(held, 1.0) == b""
+    ping = b'data: {"choices":[]}\n\n'  # no text: waits behind the held prefix
+    out = b""
+    for i in range(4096 // len(ping) + 2):
+        out += r.feed(ping, 2.0 + i)
+        if r.done:
+            break
+    assert r.end_state is EndState.BLOCKED
+    assert b"content_blocked" in out and b"exceeded 4096 bytes" in out
+    assert b"sk-" not in out

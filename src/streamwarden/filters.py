@@ -199,9 +199,9 @@ class FilterSet:
         self.max_length = max(lengths, default=0)
         self._compiled = _combine(patterns)
 
-    def holdback(self) -> Holdback[Any]:
-        """A new per-stream matcher."""
-        return Holdback(self)
+    def holdback(self, max_held_bytes: int) -> Holdback[Any]:
+        """A new per-stream matcher, holding at most ``max_held_bytes`` of events."""
+        return Holdback(self, max_held_bytes)
 
 
 def _pattern_length(rule: FilterRule, pattern: _Pattern) -> int:
@@ -368,17 +368,27 @@ class Holdback(Generic[T]):
         "_blocked_at",
         "_buf",
         "_compiled",
+        "_held_size",
         "_items",
         "_matches",
+        "_max_held",
         "_max_length",
         "_safe",
         "_set",
         "blocked",
+        "overflow",
         "stats",
     )
 
-    def __init__(self, filters: FilterSet) -> None:
+    def __init__(self, filters: FilterSet, max_held_bytes: int) -> None:
         self._set = filters
+        # Text waits for at most max_length characters, but the events behind
+        # it (pings, comments, usage) have no such bound: their bytes do.
+        self._max_held = max_held_bytes
+        self._held_size = 0
+        #: The events waiting grew past ``max_held_bytes``: the stream must end
+        #: (releasing them would let a key split around the flood through).
+        self.overflow = False
         self._compiled = filters._compiled
         self._max_length = filters.max_length
         # The undecided text (and a little context before it): _buf[0] is at
@@ -406,7 +416,7 @@ class Holdback(Generic[T]):
         the events that may leave now, in order (maybe none: a prefix is
         pending). After a ``block`` match nothing more is ever released.
         """
-        if self.blocked is not None:
+        if self.blocked is not None or self.overflow:
             return []
         items = self._items
         if not items:
@@ -433,11 +443,15 @@ class Holdback(Generic[T]):
             if not items and self._safe >= end and len(self._matches) == matched:
                 return None
         items.append(_Held(item, start, end, size, now, False))
+        self._held_size += size
         released = self._release(now)
         for held in items:
             if not held.held:
                 held.held = True
                 self.stats.held_bytes += held.size
+        if self._held_size > self._max_held:
+            self.overflow = True
+            items.clear()
         return released
 
     def close(self, now: float) -> list[Released[T]]:
@@ -447,7 +461,7 @@ class Holdback(Generic[T]):
         leaves. Text pushed afterwards (an upstream that goes on after its
         terminal event) is still filtered, as a new run of text.
         """
-        if self.blocked is not None:
+        if self.blocked is not None or self.overflow:
             return []
         self._scan(final=True)
         return self._release(now)
@@ -517,6 +531,7 @@ class Holdback(Generic[T]):
             if held.end > limit:
                 break
             out.append(Released(held.item, _cuts(held.start, held.end, matches)))
+            self._held_size -= held.size
             if held.held and len(stats.hold_times) < _MAX_HOLD_SAMPLES:
                 stats.hold_times.append(now - held.arrived)
             taken += 1

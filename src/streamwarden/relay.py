@@ -193,7 +193,7 @@ class Relay:
         self._filters = filters
         self._holdback: Holdback[_Waiting] | None = None
         if filters is not None:
-            self._holdback = filters.holdback()
+            self._holdback = filters.holdback(limits.max_event_bytes)
             self.meter.filters = self._holdback.stats
 
     # -- state ---------------------------------------------------------------
@@ -566,11 +566,11 @@ class Relay:
                 events += self._take(released, out, now)
             if terminal:  # no more text comes: what waits is decided now
                 events += self._take(holdback.close(now), out, now)
-            if holdback.blocked is not None:
+            if holdback.blocked is not None or holdback.overflow:
                 break
         meter.events_in += arrived
         written = self._emit(out, events, now) if out else b""
-        if holdback.blocked is not None:
+        if holdback.blocked is not None or holdback.overflow:
             return written + self._block(now)
         return written
 
@@ -621,8 +621,14 @@ class Relay:
 
     def _block(self, now: float) -> bytes:
         holdback = self._holdback
-        assert holdback is not None and holdback.blocked is not None
-        reason = f"an output filter ({holdback.blocked.name}) blocked the answer"
+        assert holdback is not None
+        if holdback.blocked is not None:
+            reason = f"an output filter ({holdback.blocked.name}) blocked the answer"
+        else:  # overflow: fail closed rather than let a split match through
+            reason = (
+                "the events held back by the output filters, waiting for a possible match,"
+                f" exceeded {self._limits.max_event_bytes} bytes"
+            )
         return self._fail(ErrorCode.CONTENT_BLOCKED, now, reason)
 
     def _end_or_fail(self, code: ErrorCode, now: float) -> bytes:
