@@ -353,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     filters_parser.add_argument("--tps", type=float, default=50.0)
     filters_parser.add_argument("--events", type=int, default=500, help="events per stream")
     filters_parser.add_argument("--no-latency", action="store_true", help="CPU only")
+    filters_parser.add_argument(
+        "--instructions", action="store_true", help="also count instructions (valgrind)"
+    )
+    filters_parser.add_argument("--passes", type=int, default=3, help="counted passes")
     compare_parser = commands.add_parser(
         "compare", help="named paths (e.g. floor) A/B, CPU per event per round as x nginx"
     )

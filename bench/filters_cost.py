@@ -18,6 +18,12 @@ prose with accented, CJK and emoji tokens, one token per event):
    sidecar's own ``streamwarden_filter_holdback_seconds`` histogram and its
    per-stream records give how many events waited and for how long.
 
+With ``--instructions`` the CPU ratio is also counted in instructions
+(``valgrind --tool=callgrind``, which counts every instruction the process
+executes whatever else runs on the machine): each variant runs once with
+one warm-up pass and once with ``passes`` more, and the difference, over
+the events of those passes, is its instructions per event.
+
 Only loopback addresses are used; every loop is bounded.
 """
 
@@ -27,7 +33,10 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,14 +79,17 @@ def _one_pass(reads: list[bytes], filtered: bool) -> float:
     return time.perf_counter() - start
 
 
-def cpu_per_event(stream: bytes, rounds: int) -> dict[str, Any]:
-    events = stream.count(b"\n\n")
-    patterns = {
+def _patterns(stream: bytes) -> dict[str, list[bytes]]:
+    return {
         "1400-byte reads": [stream[i : i + 1400] for i in range(0, len(stream), 1400)],
         "one event per read": [block + b"\n\n" for block in stream.split(b"\n\n")[:-1]],
     }
+
+
+def cpu_per_event(stream: bytes, rounds: int) -> dict[str, Any]:
+    events = stream.count(b"\n\n")
     out: dict[str, Any] = {}
-    for name, reads in patterns.items():
+    for name, reads in _patterns(stream).items():
         _one_pass(reads, True)  # compile and warm both paths first
         _one_pass(reads, False)
         plain: list[float] = []
@@ -199,13 +211,68 @@ async def hold_latency(stream: bytes, streams: int, tps: float) -> dict[str, Any
     }
 
 
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def _instructions(passes: int, filtered: bool, pattern: str) -> int:
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        "-m",
+        "bench.filters_cost",
+        str(passes),
+        "1" if filtered else "0",
+        pattern,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=True)
+    found = _COLLECTED.search(done.stderr)
+    assert found is not None, done.stderr[-2000:]
+    return int(found.group(1))
+
+
+def instructions_per_event(passes: int) -> dict[str, Any]:
+    """Instructions per event, with and without filters, counted by callgrind."""
+    events = long_stream(2000).count(b"\n\n")
+    out: dict[str, Any] = {}
+    for pattern in _patterns(b""):
+        per: dict[str, float] = {}
+        for filtered in (False, True):
+            extra = _instructions(passes, filtered, pattern) - _instructions(0, filtered, pattern)
+            per["filtered" if filtered else "plain"] = extra / (passes * events)
+        out[pattern] = {
+            "plain_instructions_per_event": round(per["plain"]),
+            "filtered_instructions_per_event": round(per["filtered"]),
+            "ratio": round(per["filtered"] / per["plain"], 3),
+        }
+    return out
+
+
 def filters_cost(args: argparse.Namespace) -> int:
     stream = long_stream(2000)
     result = {"cpu": cpu_per_event(stream, args.rounds)}
     print(json.dumps(result["cpu"], indent=2), flush=True)
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            print("--instructions: valgrind is not installed (apt-get install valgrind)")
+        else:
+            result["instructions"] = instructions_per_event(args.passes)
+            print(json.dumps(result["instructions"], indent=2), flush=True)
     if not args.no_latency:
         short = long_stream(args.events)
         result["hold"] = asyncio.run(hold_latency(short, args.streams, args.tps))
         print(json.dumps(result["hold"], indent=2), flush=True)
     print("JSON " + json.dumps(result), flush=True)
     return 0
+
+
+def _count(passes: int, filtered: bool, pattern: str) -> None:
+    """Under callgrind: one warm-up pass (compiles, caches), then ``passes`` counted ones."""
+    reads = _patterns(long_stream(2000))[pattern]
+    for _ in range(passes + 1):
+        _one_pass(reads, filtered)
+
+
+if __name__ == "__main__":
+    _count(int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3])

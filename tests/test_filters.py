@@ -557,3 +557,27 @@ def test_events_held_past_max_event_bytes_end_the_stream_closed() -> None:
     assert r.end_state is EndState.BLOCKED
     assert b"content_blocked" in out and b"exceeded 4096 bytes" in out
     assert b"sk-" not in out
+
+
+def test_check_config_names_the_bad_filter_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "filters.yaml"
+    bad.write_text(
+        "output_filters:\n  - {builtin: secrets, action: block}\n"
+        "routes:\n  /v1/chat:\n    output_filters:\n      - {regex: 'ACME-\\d+', action: redact}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "streamwarden.cli", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "streamwarden: error: routes./v1/chat.output_filters.0: output filter: regex `ACME-\\d+`"
+        " has no bounded match length (at most 4096): write {m,n} instead of +, * or {m,},"
+        " or give max_length"
+    ]

@@ -278,7 +278,7 @@ def compile_filters(rules: tuple[FilterRule, ...], tool_arguments: bool) -> Filt
             found = BUILTIN_SETS.get(rule.value)
             if found is None:
                 names = ", ".join(BUILTIN_SETS)
-                raise FilterError(f"{rule.value!r} is not a built-in set (one of {names})")
+                raise FilterError(f"{_shown(rule.value)} is not a built-in set (one of {names})")
             patterns.extend((index, p) for p in found)
         elif rule.kind == "literal":
             if not rule.value:
@@ -291,19 +291,24 @@ def compile_filters(rules: tuple[FilterRule, ...], tool_arguments: bool) -> Filt
     return FilterSet(rules, tool_arguments, patterns)
 
 
+def _shown(value: str) -> str:
+    """A pattern or literal as an error message quotes it: as written, cut if long."""
+    return f"`{value}`" if len(value) <= 60 else f"`{value[:57]}...`"
+
+
 def _check_regex(rule: FilterRule) -> _Pattern:
     try:
         compiled = regex.compile(rule.value)
     except regex.error as exc:
-        raise FilterError(f"{rule.value!r} is not a regular expression: {exc}") from None
+        raise FilterError(f"{_shown(rule.value)} is not a regular expression: {exc}") from None
     if compiled.search("") is not None:
-        raise FilterError(f"{rule.value!r} matches empty text, so it would match everywhere")
+        raise FilterError(f"{_shown(rule.value)} matches empty text, so it would match everywhere")
     if rule.max_length is not None:
         if not 1 <= rule.max_length <= MAX_MATCH_LENGTH:
             raise FilterError(f"max_length must be between 1 and {MAX_MATCH_LENGTH}")
     elif _regex_width(rule.value) is None:
         raise FilterError(
-            f"{rule.value!r} has no bounded match length (at most {MAX_MATCH_LENGTH}):"
+            f"{_shown(rule.value)} has no bounded match length (at most {MAX_MATCH_LENGTH}):"
             " write {m,n} instead of +, * or {m,}, or give max_length"
         )
     return _Pattern(rule.value, None)
