@@ -581,3 +581,14 @@ def test_check_config_names_the_bad_filter_in_one_line(tmp_path: Path) -> None:
         " has no bounded match length (at most 4096): write {m,n} instead of +, * or {m,},"
         " or give max_length"
     ]
+
+
+def test_a_regex_with_its_own_flags_and_groups_keeps_them_to_itself() -> None:
+    rules = (
+        FilterRule("regex", r"(?i)acme-(\d{2})-\1", "redact", "acme"),
+        FilterRule("literal", "Secret", "redact", "word"),
+    )
+    stream = generic(["ACME-12-12 and acme-34-", "34, Secret and secret"])
+    out = run(relay("generic", rules), [stream])
+    # (?i) makes the regex case-blind, not the literal; \\1 still refers to its group.
+    assert out == generic([f"{REDACTED} and {REDACTED}", f", {REDACTED} and secret"])

@@ -188,34 +188,50 @@ async def test_a_route_without_filters_is_left_alone(
 # -- the middleware -------------------------------------------------------------------
 
 
-def app_serving(stream: bytes, dialect: str) -> Starlette:
-    async def chat(request: Request) -> StreamingResponse:
-        async def body() -> AsyncIterator[bytes]:
-            for event in _events_of(stream, dialect):
-                yield event.encode()
-                await asyncio.sleep(0)  # one event per send, as a provider's SDK loop does
+def app_serving() -> Starlette:
+    """An app that relays a provider's stream (CHAT, MESSAGES) one event per send."""
 
-        return StreamingResponse(body(), media_type="text/event-stream")
+    def serving(stream: bytes, dialect: str) -> Any:
+        async def endpoint(request: Request) -> StreamingResponse:
+            async def body() -> AsyncIterator[bytes]:
+                for event in _events_of(stream, dialect):
+                    yield event.encode()
+                    await asyncio.sleep(0)  # one event per send, as a provider's SDK loop does
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+            return StreamingResponse(body(), media_type="text/event-stream")
+
+        return endpoint
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", serving(CHAT, "openai-chat"), methods=["POST"]),
+            Route("/v1/messages", serving(MESSAGES, "anthropic"), methods=["POST"]),
+        ]
+    )
 
 
 @contextlib.asynccontextmanager
 async def middleware(**options: Any) -> AsyncIterator[tuple[str, StreamWardenMiddleware]]:
-    guarded = StreamWardenMiddleware(app_serving(CHAT, "openai-chat"), **options)
+    guarded = StreamWardenMiddleware(app_serving(), **options)
     async with serve_in_process(guarded) as base:
         yield base, guarded
 
 
-async def test_the_middleware_redacts_and_blocks_for_the_openai_sdk() -> None:
-    async with serve_in_process(app_serving(CHAT, "openai-chat")) as base:
+async def test_the_middleware_redacts_and_blocks_for_the_sdks() -> None:
+    async with serve_in_process(app_serving()) as base:
         assert SECRET in await chat_text(base)  # the app alone hands the key out
+        assert SECRET in await messages_text(base)
     async with middleware(output_filters=REDACT) as (base, guarded):
         assert await chat_text(base) == EXPECTED_TEXT
+        assert await messages_text(base) == EXPECTED_TEXT
         assert await raw(base) == openai_chat(redacted_pieces(PIECES, SECRET))
+        assert await raw(base, "/v1/messages") == anthropic_stream(redacted_pieces(PIECES, SECRET))
     async with middleware(output_filters=BLOCK) as (base, guarded):
         with pytest.raises(openai.APIError) as caught:
             await chat_text(base)
         assert caught.value.code == "content_blocked"
-        await wait_for(lambda: len(guarded.streams.finished) == 1)
-        assert guarded.streams.finished[-1].meter.end_state is EndState.BLOCKED
+        with pytest.raises(anthropic.APIStatusError, match="content_blocked"):
+            await messages_text(base)
+        await wait_for(lambda: len(guarded.streams.finished) == 2)
+        assert {s.meter.end_state for s in guarded.streams.finished} == {EndState.BLOCKED}
+        assert 'end_state="blocked"' in guarded.metrics.render().decode()

@@ -205,12 +205,17 @@ class FilterSet:
 
 
 def _pattern_length(rule: FilterRule, pattern: _Pattern) -> int:
+    if rule.kind == "literal":
+        return len(rule.value)
     width = _regex_width(pattern.source)
     if rule.max_length is not None:
         return rule.max_length if width is None else min(width, rule.max_length)
     if width is None:  # compile_filters rejected this already
         raise FilterError("unbounded")
     return width
+
+
+_PLAIN_FLAGS = regex.compile("").flags
 
 
 def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
@@ -230,7 +235,9 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
             for head in pattern.heads:
                 heads.setdefault((head[0], pattern.not_after), set()).update(_continuations(head))
         alone = regex.compile(pattern.source)
-        if alone.groups:  # its own groups (and back-references) keep their numbers alone
+        if alone.groups or alone.flags != _PLAIN_FLAGS:
+            # Its own groups (and back-references) keep their numbers, and its
+            # inline flags ((?i) ...) apply to it alone, searched on its own.
             searchers.append((alone, rule))
         else:
             name = f"sw{index}"
