@@ -592,3 +592,44 @@ def test_a_regex_with_its_own_flags_and_groups_keeps_them_to_itself() -> None:
     out = run(relay("generic", rules), [stream])
     # (?i) makes the regex case-blind, not the literal; \\1 still refers to its group.
     assert out == generic([f"{REDACTED} and {REDACTED}", f", {REDACTED} and secret"])
+
+
+_MIXED = st.sampled_from(
+    ["4111", " 1111", "-", " ", "acme", "-internal", ".corp", "sk-", "Q7eXg9TzK2mLw4RbN8vY", "x"]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.lists(_MIXED, max_size=24).map("".join), cuts=st.lists(st.integers(0, 400)))
+def test_cards_literals_and_keys_give_the_same_answer_however_the_text_is_cut(
+    text: str, cuts: list[int]
+) -> None:
+    rules = (
+        FilterRule("builtin", "cards", "redact", "cards"),
+        FilterRule("literal", "acme-internal.corp", "redact", "hosts"),
+        FilterRule("builtin", "secrets", "block", "secrets"),
+    )
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)] or [""]
+    whole = relay("openai-chat", rules)
+    whole_out = run(whole, [openai_chat([text])])
+    split = relay("openai-chat", rules)
+    split_out = run(split, [openai_chat(pieces)])
+    assert split.end_state == whole.end_state
+    if whole.end_state is EndState.COMPLETED:
+        assert chat_text(split_out) == chat_text(whole_out)
+        assert "acme-internal.corp" not in chat_text(split_out)
+    else:
+        assert whole.end_state is EndState.BLOCKED
+        released = chat_text_before_error(split_out)
+        assert "sk-Q7eXg9TzK2mLw4RbN8vY" not in released
+        assert "acme-internal.corp" not in released
+        assert split_out.endswith(split._dialect.error_event("content_blocked", BLOCK_MESSAGE))
+
+
+BLOCK_MESSAGE = "streamwarden: an output filter (secrets) blocked the answer (content_blocked)"
+
+
+def chat_text_before_error(stream: bytes) -> str:
+    events = [e for e in SSEDecoder().feed(stream) if '"error"' not in e.data]
+    return chat_text(b"".join(f"data: {e.data}\n\n".encode() for e in events))
