@@ -633,3 +633,14 @@ BLOCK_MESSAGE = "streamwarden: an output filter (secrets) blocked the answer (co
 def chat_text_before_error(stream: bytes) -> str:
     events = [e for e in SSEDecoder().feed(stream) if '"error"' not in e.data]
     return chat_text(b"".join(f"data: {e.data}\n\n".encode() for e in events))
+
+
+def test_the_readme_example_is_a_valid_config(tmp_path: Path) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Output filters") :]
+    start = section.index("```yaml\n") + len("```yaml\n")
+    example = tmp_path / "example.yaml"
+    example.write_text(section[start : section.index("```", start)])
+    settings = load_settings(example, environ={})
+    filters = settings.for_path("/v1/chat/completions").output_filters
+    assert filters is not None and len(filters.rules) == 5
