@@ -344,6 +344,19 @@ def main(argv: list[str] | None = None) -> int:
     experiment_parser.add_argument(
         "--cancel", type=int, default=0, help="also N cancel samples per variant (scenario e)"
     )
+    filters_parser = commands.add_parser(
+        "filters-cost",
+        help="output filters: relay CPU per event on vs off, and the hold-back latency",
+    )
+    filters_parser.add_argument("--rounds", type=int, default=60)
+    filters_parser.add_argument("--streams", type=int, default=20)
+    filters_parser.add_argument("--tps", type=float, default=50.0)
+    filters_parser.add_argument("--events", type=int, default=500, help="events per stream")
+    filters_parser.add_argument("--no-latency", action="store_true", help="CPU only")
+    filters_parser.add_argument(
+        "--instructions", action="store_true", help="also count instructions (valgrind)"
+    )
+    filters_parser.add_argument("--passes", type=int, default=3, help="counted passes")
     compare_parser = commands.add_parser(
         "compare", help="named paths (e.g. floor) A/B, CPU per event per round as x nginx"
     )
@@ -363,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.command == "resume-cost":
         return resume_cost(args)
+    if args.command == "filters-cost":
+        from bench.filters_cost import filters_cost
+
+        return filters_cost(args)
     if args.command == "experiment":
         return experiment(args)
     if args.command == "report":

@@ -97,3 +97,17 @@ def test_targets_table_and_plot_are_written(run: tuple[dict[str, Any], Path]) ->
         assert heading in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "latest.png").stat().st_size > 10_000
+
+
+def test_filters_cost_runs_and_the_stream_comes_out_unchanged() -> None:
+    command = [sys.executable, "-m", "bench", "filters-cost", "--rounds", "2"]
+    command += ["--streams", "2", "--events", "40", "--tps", "400"]
+    done = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("JSON "))
+    result = json.loads(line[5:])
+    for pattern in result["cpu"].values():
+        assert pattern["plain_us_per_event_best"] > 0 and pattern["ratio_median"] > 0
+    assert result["hold"]["events"] > 0

@@ -20,13 +20,15 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from streamwarden.dialects import DIALECT_NAMES
+from streamwarden.filters import BUILTIN_SETS, FilterError, FilterRule, FilterSet, compile_filters
 from streamwarden.relay import Limits
 
 __all__ = [
@@ -218,6 +220,67 @@ _EXPECTED = {
 }
 
 
+# The prefix of a filter's own error, shown after its place (output_filters.2).
+_FILTER_ERROR = "output filter: "
+
+
+class OutputFilter(BaseModel):
+    """One entry of ``output_filters``: what to look for, and what to do when it is found."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: A built-in set: ``secrets`` (API keys and tokens, private key headers)
+    #: or ``cards`` (Luhn-checked card numbers).
+    builtin: str | None = None
+    #: A literal string, matched exactly (case included).
+    literal: str | None = None
+    #: A regular expression (the ``regex`` module's syntax) of a bounded match length.
+    regex: str | None = None
+    #: ``redact``: the match becomes ``[redacted]``; ``block``: the stream ends
+    #: with ``content_blocked``.
+    action: Literal["redact", "block"]
+    #: The filter's name in metrics (default: the set's name, ``literal`` or ``regex``).
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: The longest match of a regex whose own length is unbounded (+, *).
+    max_length: int | None = None
+
+    @model_validator(mode="after")
+    def _compiles(self) -> OutputFilter:
+        given = [k for k in ("builtin", "literal", "regex") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(_FILTER_ERROR + "give exactly one of builtin, literal or regex")
+        if self.builtin is not None and self.builtin not in BUILTIN_SETS:
+            names = ", ".join(BUILTIN_SETS)
+            raise ValueError(
+                f"{_FILTER_ERROR}builtin {self.builtin!r} is not a built-in set (one of {names})"
+            )
+        if self.max_length is not None and self.regex is None:
+            raise ValueError(_FILTER_ERROR + "max_length applies to a regex only")
+        try:
+            compile_filters((self.rule(),), False)
+        except FilterError as exc:
+            raise ValueError(f"{_FILTER_ERROR}{given[0]} {exc}") from None
+        return self
+
+    def rule(self) -> FilterRule:
+        """The entry as the filters take it."""
+        kind: Literal["builtin", "literal", "regex"]
+        if self.builtin is not None:
+            kind, value = "builtin", self.builtin
+        elif self.literal is not None:
+            kind, value = "literal", self.literal
+        else:
+            kind, value = "regex", self.regex or ""
+        default_name = value if kind == "builtin" else kind  # never the literal itself
+        return FilterRule(kind, value, self.action, self.name or default_name, self.max_length)
+
+
+@lru_cache(maxsize=64)
+def _route_filters(entries: tuple[OutputFilter, ...], tool_arguments: bool) -> FilterSet | None:
+    """A route's compiled filters: once per distinct list, not per request."""
+    return compile_filters(tuple(e.rule() for e in entries), tool_arguments)
+
+
 class RouteSettings(BaseModel):
     """Overrides of the per-stream settings for requests under one path prefix."""
 
@@ -233,6 +296,8 @@ class RouteSettings(BaseModel):
     on_client_gone: ClientGonePolicy | None = None
     resume_window: Duration | None = None
     usage_injection: Literal["auto", "off"] | None = None
+    output_filters: tuple[OutputFilter, ...] | None = None
+    output_filter_tool_arguments: bool | None = None
 
 
 class Settings(BaseModel):
@@ -317,6 +382,11 @@ class Settings(BaseModel):
     usage_injection: Literal["auto", "off"] = "auto"
     #: Largest request body usage injection rewrites; larger ones go unchanged.
     usage_injection_max_body_bytes: Size = 1024 * 1024
+    #: What must never reach a reader: literals, bounded regexes, the built-in
+    #: ``secrets`` and ``cards`` sets, each redacted or blocked (per route).
+    output_filters: tuple[OutputFilter, ...] = ()
+    #: Output filters also read tool-call arguments, not only the answer's text.
+    output_filter_tool_arguments: bool = False
     #: The inference engine's Prometheus endpoint, to reconcile its generated
     #: tokens with the sidecar's and time its aborts (none: off).
     engine_metrics_url: HttpUrl | None = None
@@ -375,6 +445,11 @@ class Settings(BaseModel):
             on_client_gone=pick("on_client_gone"),
             resume_window=pick("resume_window"),
             usage_injection=pick("usage_injection"),
+            output_filters=_route_filters(
+                pick("output_filters"), pick("output_filter_tool_arguments")
+            )
+            if pick("output_filters")
+            else None,
         )
 
 
@@ -391,6 +466,8 @@ class ResolvedRoute:
     on_client_gone: str = "cancel"
     resume_window: float = 30.0
     usage_injection: str = "auto"
+    #: The route's compiled output filters (``None``: none, and no cost).
+    output_filters: FilterSet | None = None
 
     @property
     def resumable(self) -> bool:
@@ -418,6 +495,10 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> str:
         return f'{loc}: unknown key "{name}"{hint}'
     ctx = error.get("ctx") or {}
     message = str(ctx.get("error", "")) if kind == "value_error" else ""
+    if message.startswith(_FILTER_ERROR):
+        return f"{loc}: {message}"
+    if kind == "missing":
+        return f"{loc}: is required"
     if message in _EXPECTED:
         return f"{loc}: {shown} {_EXPECTED[message]}"
     if kind == "literal_error":
@@ -509,7 +590,13 @@ def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             guess = difflib.get_close_matches(key, _KEYS, n=1)
             hint = f' (did you mean "{ENV_PREFIX}{guess[0].upper()}"?)' if guess else ""
             raise ConfigError(f'environment: unknown variable "{name}"{hint}')
-        if key in ("routes", "stream_media_types", "redact_headers", "resume_owner_headers"):
+        if key in (
+            "routes",
+            "stream_media_types",
+            "redact_headers",
+            "resume_owner_headers",
+            "output_filters",
+        ):
             try:
                 found[key] = yaml.safe_load(value)
             except yaml.YAMLError:

@@ -29,7 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamwarden.filters import FilterStats
 
 __all__ = ["EndState", "StreamMeter", "StreamRecord", "estimate_tokens"]
 
@@ -51,6 +54,8 @@ class EndState(StrEnum):
     #: The client left a resumable stream and nobody resumed it within
     #: ``resume_window`` (``on_client_gone: detach``).
     DETACHED_EXPIRED = "detached_expired"
+    #: An output filter with action ``block`` matched: ``content_blocked``.
+    BLOCKED = "blocked"
 
 
 # The longest event text still counted as a single token.
@@ -85,6 +90,7 @@ class StreamMeter:
         "error_code",
         "events_in",
         "events_out",
+        "filters",
         "first_content_at",
         "gap_count",
         "gap_max",
@@ -128,6 +134,8 @@ class StreamMeter:
         #: Seconds from noticing the client had gone to the upstream being closed.
         self.cancel_propagation: float | None = None
         self._gap_observer = gap_observer
+        #: What the route's output filters did (``None``: the route has none).
+        self.filters: FilterStats | None = None
 
     def content(self, text: str, now: float, *, delivered: bool) -> None:
         """Count one content event, delivered to the client or arrived too late."""

@@ -39,6 +39,8 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 # Gaps between tokens: 1 ms (batched) to 10 s (a long tool call).
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# An event held by the output filters waits about one gap between tokens.
+HOLD_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 # Client gone to upstream closed: the whole point is that this is sub-millisecond.
 # A cancel to the engine's stop: a healthy engine within tens of ms.
@@ -248,6 +250,24 @@ class StreamMetrics:
             registry=r,
         )
 
+        self.filter_matches = Counter(
+            "streamwarden_filter_matches",
+            "Output filter matches, by filter name and action (redact, block).",
+            ["filter", "action"],
+            registry=r,
+        )
+        self.filter_held_bytes = Counter(
+            "streamwarden_filter_held_bytes",
+            "Bytes of events that waited for a possible output filter match to resolve.",
+            registry=r,
+        )
+        self.filter_hold = GapHistogram(
+            "streamwarden_filter_holdback_seconds",
+            "How long an event waited for a possible output filter match to resolve.",
+            HOLD_BUCKETS,
+            r,
+        )
+
         self.otel_errors = Counter(
             "streamwarden_otel_export_errors",
             "OpenTelemetry exports (spans, metrics) that failed: the collector is down or slow.",
@@ -287,6 +307,14 @@ class StreamMetrics:
             self.keepalives.inc(meter.keepalives)
         if meter.error_code is not None:
             self.synthesized.labels(meter.error_code).inc()
+        filters = meter.filters
+        if filters is not None:
+            for (name, action), count in filters.matches.items():
+                self.filter_matches.labels(name, action).inc(count)
+            if filters.held_bytes:
+                self.filter_held_bytes.inc(filters.held_bytes)
+            for seconds in filters.hold_times:
+                self.filter_hold.observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -19,6 +19,15 @@ stream) and records everything in its :class:`~streamwarden.meter.StreamMeter`.
 Every rule about how a stream ends lives here: which failures produce an
 error event, with which code, and that a stream whose terminal event was
 already delivered is complete whatever happens afterwards.
+
+On a route with output filters, events go through a
+:class:`~streamwarden.filters.Holdback` on their way out: an event whose
+text could begin a match waits (whole, with the events behind it) until
+the match is ruled out or made, and a redacted event is re-serialised by
+its dialect with only its text changed. Keep-alives still go out between
+whole events, and the journal and the meter see the events as the client
+gets them, when it gets them. A route without filters takes none of this
+path.
 """
 
 from __future__ import annotations
@@ -28,10 +37,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stream_framing
+from streamwarden.filters import FilterSet, Holdback, Released, apply_cuts
 from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.refusals import refusal_body
 from streamwarden.resume import Journal, strip_ids
-from streamwarden.sse import EventTooLarge, Frame, LineFramer, SSEFramer
+from streamwarden.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
 from streamwarden.usage import without_usage_null
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
@@ -50,6 +60,7 @@ class ErrorCode(StrEnum):
     DURATION_EXCEEDED = "duration_exceeded"
     EVENT_TOO_LARGE = "event_too_large"
     SHUTTING_DOWN = "shutting_down"
+    CONTENT_BLOCKED = "content_blocked"
     # Answers to a resume (no stream is relayed: see streamwarden.resume).
     RESUME_EXPIRED = "resume_expired"
     RESUME_GAP = "resume_gap"
@@ -76,6 +87,7 @@ _ENDINGS: dict[ErrorCode, tuple[EndState, str]] = {
         "an upstream event exceeded the limit of {event_bytes} bytes",
     ),
     ErrorCode.SHUTTING_DOWN: (EndState.SHUTDOWN, "the proxy is shutting down"),
+    ErrorCode.CONTENT_BLOCKED: (EndState.BLOCKED, "an output filter blocked the answer"),
 }
 # What a resumed client is told of a stream whose end wrote no error event.
 _SEALS: dict[EndState, tuple[ErrorCode, str]] = {
@@ -116,8 +128,10 @@ class Relay:
         "_dialect",
         "_drain_deadline",
         "_draining_for_meter",
+        "_filters",
         "_framer",
         "_framing",
+        "_holdback",
         "_injected_usage",
         "_last_upstream",
         "_last_write",
@@ -142,6 +156,7 @@ class Relay:
         framing: Framing | None = None,
         journal: Journal | None = None,
         injected_usage: bool = False,
+        filters: FilterSet | None = None,
     ) -> None:
         self._limits = limits
         #: The face asked the upstream for usage the client did not ask for
@@ -174,6 +189,12 @@ class Relay:
         # on_client_gone: detach: the client left, the stream runs on into
         # its journal until this time unless someone resumes it.
         self._detach_deadline: float | None = None
+        #: The route's output filters, and this stream's matcher (None: no filters).
+        self._filters = filters
+        self._holdback: Holdback[_Waiting] | None = None
+        if filters is not None:
+            self._holdback = filters.holdback(limits.max_event_bytes)
+            self.meter.filters = self._holdback.stats
 
     # -- state ---------------------------------------------------------------
 
@@ -250,6 +271,13 @@ class Relay:
         # A block or line cut before its terminator is a truncation in any dialect.
         partial = self._framer.pending_bytes > 0
         self._framer.close()  # the partial block or line is dropped, never forwarded
+        # What waited on the filters is decided on the text as it stands, and goes first.
+        if self._holdback is None:
+            return self._upstream_ended(partial, now)
+        flushed = self._flush_filters(now)
+        return flushed if self.done else flushed + self._upstream_ended(partial, now)
+
+    def _upstream_ended(self, partial: bool, now: float) -> bytes:
         meter = self.meter
         dialect = self._dialect
         if meter.upstream_reported_error:
@@ -419,6 +447,8 @@ class Relay:
     def _forward(self, frames: list[Frame], now: float) -> bytes:
         if not frames:
             return b""
+        if self._holdback is not None:
+            return self._forward_filtered(frames, now)
         meter = self.meter
         delivered = not self._client_gone
         dialect = self._dialect
@@ -453,6 +483,12 @@ class Relay:
                 events -= len(hidden)
             if not frames:
                 return b""
+        return self._emit(frames, events, now)
+
+    def _emit(self, frames: list[Frame], events: int, now: float) -> bytes:
+        """Write whole frames (``events`` of them carry an event): journal, count, return."""
+        meter = self.meter
+        delivered = not self._client_gone
         journal = self.journal
         if journal is not None and not self.done:
             if len(frames) == 1:
@@ -473,6 +509,128 @@ class Relay:
         self._last_write = now
         return out
 
+    def _forward_filtered(self, frames: list[Frame], now: float) -> bytes:
+        """As :meth:`_forward`, through the output filters' hold-back."""
+        holdback = self._holdback
+        assert holdback is not None and self._filters is not None
+        tools = self._filters.tool_arguments
+        meter = self.meter
+        dialect = self._dialect
+        injected = self._injected_usage
+        delivered = not self._client_gone
+        out: list[Frame] = []
+        events = 0  # of the frames in out
+        arrived = 0
+        for frame in frames:
+            event = frame.event
+            if event is None:  # a comment or a stray line: it keeps its place
+                if holdback.holding:
+                    leaving = holdback.push((frame, None, ""), "", len(frame.raw), now)
+                    events += self._take(leaving, out, now)
+                else:
+                    out.append(frame)
+                continue
+            arrived += 1
+            if self._provisional:
+                self._provisional = False
+                dialect = self._dialect = sniff(event, dialect)
+            seen = dialect.inspect(event)
+            text = ""
+            terminal = False
+            parts: list[str] | None = None
+            if seen is not NOTHING:
+                if seen.usage_only and injected:
+                    continue  # the client never asked for it: never held, never sent
+                text = seen.text
+                if seen.output_tokens is not None:
+                    meter.usage_tokens = seen.output_tokens
+                if seen.terminal:
+                    self._terminal_seen = terminal = True
+                    meter.usage_final = True
+                if seen.error:
+                    meter.upstream_reported_error = True
+                if seen.tools:  # tool-call arguments: the filters read this one themselves
+                    parts = dialect.filter_text(event, tools)
+            if injected:
+                raw = without_usage_null(frame.raw)
+                if raw is not frame.raw:
+                    frame = Frame(raw, event)
+            filtered = text if parts is None else "".join(parts)
+            released = holdback.push((frame, parts, text), filtered, len(frame.raw), now)
+            if released is None:  # nothing waits and nothing matched: out as it came
+                out.append(frame)
+                events += 1
+                if text:
+                    meter.content(text, now, delivered=delivered)
+            else:
+                events += self._take(released, out, now)
+            if terminal:  # no more text comes: what waits is decided now
+                events += self._take(holdback.close(now), out, now)
+            if holdback.blocked is not None or holdback.overflow:
+                break
+        meter.events_in += arrived
+        written = self._emit(out, events, now) if out else b""
+        if holdback.blocked is not None or holdback.overflow:
+            return written + self._block(now)
+        return written
+
+    def _take(self, released: list[Released[_Waiting]] | None, out: list[Frame], now: float) -> int:
+        """Append the events the hold-back let go to ``out``, redacted; return how many."""
+        if not released:
+            return 0
+        meter = self.meter
+        delivered = not self._client_gone
+        events = 0
+        for leaving in released:
+            frame, parts, text = leaving.item
+            event = frame.event
+            if event is not None:
+                events += 1
+                if leaving.cuts:
+                    frame = self._redacted(frame, event, parts, leaving.cuts)
+            if text:
+                meter.content(text, now, delivered=delivered)
+            out.append(frame)
+        return events
+
+    def _redacted(
+        self,
+        frame: Frame,
+        event: Event,
+        parts: list[str] | None,
+        cuts: tuple[tuple[int, int, str], ...],
+    ) -> Frame:
+        assert self._filters is not None
+        tools = self._filters.tool_arguments
+        if parts is None:  # the dialect's text was the filtered text: its parts, read again
+            parts = self._dialect.filter_text(event, tools)
+        data = self._dialect.rewrite_text(event, tools, apply_cuts(parts, cuts))
+        return Frame(with_data(frame.raw, data, lines=self._framing == "lines"), event)
+
+    def _flush_filters(self, now: float) -> bytes:
+        """The text ended: release what waits (or block, if its end completes a match)."""
+        holdback = self._holdback
+        if holdback is None or not holdback.holding:
+            return b""
+        out: list[Frame] = []
+        events = self._take(holdback.close(now), out, now)
+        written = self._emit(out, events, now) if out else b""
+        if holdback.blocked is not None:
+            return written + self._block(now)
+        return written
+
+    def _block(self, now: float) -> bytes:
+        holdback = self._holdback
+        assert holdback is not None
+        if holdback.blocked is not None:
+            reason = f"an output filter ({holdback.blocked.name}) blocked the answer"
+        else:  # overflow: fail closed rather than let a split match through
+            reason = (
+                "the events held back by the output filters, waiting for a possible match,"
+                f" exceeded {self._limits.max_event_bytes} bytes"
+            )
+        return self._fail(ErrorCode.CONTENT_BLOCKED, now, reason)
+
     def _end_or_fail(self, code: ErrorCode, now: float) -> bytes:
         # An answer whose terminal event was delivered is complete, whatever
         # happens to the connection afterwards.
@@ -484,6 +642,11 @@ class Relay:
     def _fail(self, code: ErrorCode, now: float, reason: str | None = None) -> bytes:
         if self.done:
             return b""
+        if self._holdback is not None and code is not ErrorCode.CONTENT_BLOCKED:
+            # Whole events that waited on the filters go out before the error.
+            flushed = self._flush_filters(now)
+            if flushed or self.done:
+                return flushed if self.done else flushed + self._fail(code, now, reason)
         state, template = _ENDINGS[code]
         limits = self._limits
         reason = reason or template.format(
@@ -501,6 +664,12 @@ class Relay:
             return b""
         self.meter.bytes_out += len(error)
         return error
+
+
+#: An event in the filters' hold-back: its frame, the text parts the filters
+#: read (``None``: the dialect's own text, read again only to redact), and the
+#: text the meter counts.
+_Waiting = tuple[Frame, list[str] | None, str]
 
 
 def _as_sent_without_injection(frames: list[Frame], hidden: list[Frame] | None) -> list[Frame]:

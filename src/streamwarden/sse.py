@@ -58,6 +58,7 @@ __all__ = [
     "LineFramer",
     "SSEDecoder",
     "SSEFramer",
+    "with_data",
 ]
 
 _BOM = b"\xef\xbb\xbf"
@@ -640,3 +641,33 @@ def _large_line_frame(buf: bytearray, start: int, end: int) -> Frame:
     if buf[start] in _ASCII_WHITESPACE and _BLANK.fullmatch(buf, start, stop) is not None:
         return Frame(raw, None)
     return Frame(raw, Event("message", _decode(buf, start, stop), None))
+
+
+_RAW_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
+
+
+def with_data(raw: bytes, data: str, *, lines: bool = False) -> bytes:
+    """A frame's raw bytes with its event's data replaced by ``data``, all else kept.
+
+    For an SSE block the first ``data`` line becomes one line per line of
+    ``data``, with the same line ending, and later ``data`` lines go; every
+    other line (``event``, ``id``, comments) and the blank line that ends
+    the block stay as they were. For a line (``lines``), the line's text is
+    replaced and its ending kept.
+    """
+    if lines:
+        ending = b"\r\n" if raw.endswith(b"\r\n") else b"\n"
+        return data.encode() + ending
+    out: list[bytes] = []
+    placed = False
+    for match in _RAW_LINE.finditer(raw):
+        line = match.group()
+        body = line.rstrip(b"\r\n")
+        if body == b"data" or body.startswith(b"data:"):
+            if not placed:
+                ending = line[len(body) :]
+                out.extend(b"data: " + part.encode() + ending for part in data.split("\n"))
+                placed = True
+            continue
+        out.append(line)
+    return b"".join(out)

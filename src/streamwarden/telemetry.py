@@ -152,6 +152,7 @@ _FAILED = frozenset(
         EndState.UPSTREAM_TIMEOUT,
         EndState.LIMIT_EXCEEDED,
         EndState.SHUTDOWN,
+        EndState.BLOCKED,  # an output filter stopped the answer: the span says content_blocked
     }
 )
 

@@ -13,12 +13,15 @@ therefore a named ``error`` event in the API's own error envelope.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamwarden.dialects.base import (
     NOTHING,
     TERMINAL,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
     as_int,
     dump_json,
     load_json,
@@ -55,7 +58,7 @@ class Anthropic(Dialect):
                 field = _DELTA_TEXT.get(str(delta.get("type")))
                 text = delta.get(field) if field else None
                 if isinstance(text, str) and text:
-                    return Observation(text=text)
+                    return Observation(text=text, tools=field == "partial_json")
             return NOTHING
         if kind == "message_stop":
             return TERMINAL
@@ -74,6 +77,19 @@ class Anthropic(Dialect):
     def error_event(self, code: str, message: str) -> bytes:
         error = {"type": _ERROR_TYPES.get(code, "api_error"), "code": code, "message": message}
         return sse_block(dump_json({"type": "error", "error": error}), event="error")
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        if not isinstance(root, dict):
+            return []
+        kind = event.event if event.event != "message" else str(root.get("type", ""))
+        delta = root.get("delta") if kind == "content_block_delta" else None
+        if not isinstance(delta, dict):
+            return []
+        kind = str(delta.get("type"))
+        field = _DELTA_TEXT.get(kind)
+        if field is None or (kind == "input_json_delta" and not tool_arguments):
+            return []
+        return [(delta, field)] if isinstance(delta.get(field), str) else []
 
     @classmethod
     def sniff(cls, event: Event) -> bool:

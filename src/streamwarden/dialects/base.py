@@ -5,7 +5,9 @@ it says whether the event carries content (and which text, for the token
 estimate), whether the provider reported its usage, whether the event is
 the stream's terminal event, and whether the provider itself reported an
 error in-band. It also writes the error event that the format's own clients
-treat as an error, for the endings the relay synthesizes.
+treat as an error, for the endings the relay synthesizes, and, for output
+filters, says where an event's text lies in its data so that the text can be
+read and replaced with everything else of the event left as it was.
 
 Dialects are instantiated once per stream, so a format whose terminal event
 is optional (NDJSON) can learn from the stream which variant it is.
@@ -14,6 +16,7 @@ is optional (NDJSON) can learn from the stream which variant it is.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -41,6 +44,10 @@ class Observation:
     #: The event only reports usage (OpenAI's ``"choices": []`` chunk): the
     #: one a client that did not ask for usage must not see.
     usage_only: bool = False
+    #: Part of ``text`` is tool-call arguments: output filters read such an
+    #: event themselves (:meth:`Dialect.filter_text`); for any other event
+    #: ``text`` is exactly the text they read, in the same order.
+    tools: bool = False
 
 
 #: The observation for events that mean nothing to the relay (pings,
@@ -49,6 +56,16 @@ class Observation:
 NOTHING = Observation()
 TERMINAL = Observation(terminal=True)
 UPSTREAM_ERROR = Observation(error=True)
+
+
+#: A place of text in an event's decoded data: ``container[key]`` is the string.
+Place = tuple[Any, Any]
+
+
+class RawText(list[str]):
+    """The root of an event whose whole data is its text (not JSON): ``[data]``."""
+
+    __slots__ = ()
 
 
 class Dialect:
@@ -80,6 +97,43 @@ class Dialect:
     def sniff(cls, event: Event) -> bool:
         """Whether the first data event of an unknown stream looks like this format."""
         return False
+
+    # -- output filters: one walker per format finds the places of text ------
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        """Where the text a reader sees lies in ``root`` (the event's data as loaded).
+
+        Tool-call argument fragments are included with ``tool_arguments``.
+        The default: the whole data is text.
+        """
+        return [(root, 0)] if isinstance(root, RawText) and root[0] else []
+
+    def load_data(self, event: Event, loads: Callable[[str], Any] | None = None) -> Any:
+        """The event's data as the text walker reads it (JSON by default)."""
+        obj = (loads or load_json)(event.data)
+        return obj if obj is not None else RawText([event.data])
+
+    def dump_data(self, event: Event, root: Any) -> str:
+        """The event's data again, from ``root`` as :meth:`load_data` gave it."""
+        return root[0] if isinstance(root, RawText) else dump_json(root)
+
+    def filter_text(self, event: Event, tool_arguments: bool) -> list[str]:
+        """The event's text parts, in order, for the output filters (none: no text)."""
+        root = self.load_data(event)
+        return [c[k] for c, k in self.text_places(root, event, tool_arguments)]
+
+    def rewrite_text(self, event: Event, tool_arguments: bool, parts: list[str]) -> str:
+        """The event's data with its text parts replaced by ``parts``, all else unchanged.
+
+        Parsed again with the standard library, which keeps every number
+        exactly as it was (see :func:`_load_json_fast`).
+        """
+        root = self.load_data(event, _load_json_stdlib)
+        for (container, key), part in zip(
+            self.text_places(root, event, tool_arguments), parts, strict=True
+        ):
+            container[key] = part
+        return self.dump_data(event, root)
 
 
 def _load_json_stdlib(data: str) -> Any:

@@ -2,7 +2,9 @@
 
 Unnamed events whose data is a ``GenerateContentResponse``: text in
 ``candidates[].content.parts[].text``, tool calls as whole ``functionCall``
-parts, cumulative ``usageMetadata.candidatesTokenCount``. The last chunk
+parts (counted as text for tokens, but not read by output filters: their
+arguments are a JSON object, not text), cumulative
+``usageMetadata.candidatesTokenCount``. The last chunk
 carries a ``finishReason``; there is no separate terminal event, so that
 chunk is the terminal one.
 
@@ -43,6 +45,9 @@ resume_expired     404  NOT_FOUND           a resume named a stream that is
 resume_gap         500  DATA_LOSS           the events after a resume's
                                             position were evicted
 resume_unavailable 503  UNAVAILABLE         the resume store is down: retry
+content_blocked    400  FAILED_PRECONDITION an output filter stopped the answer:
+                                            the same request would be stopped
+                                            again, so not a retryable 5xx
 (any other)        500  INTERNAL
 ================== ==== =================== =====================================
 """
@@ -56,6 +61,7 @@ from streamwarden.dialects.base import (
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
     as_int,
     dump_json,
     load_json,
@@ -74,6 +80,7 @@ _STATUS: dict[str, tuple[int, str]] = {
     "resume_expired": (404, "NOT_FOUND"),
     "resume_gap": (500, "DATA_LOSS"),
     "resume_unavailable": (503, "UNAVAILABLE"),
+    "content_blocked": (400, "FAILED_PRECONDITION"),
 }
 _OTHER = (500, "INTERNAL")
 ERROR_DOMAIN = "streamwarden"
@@ -91,12 +98,12 @@ class Gemini(Dialect):
             return NOTHING
         if obj.get("error"):
             return UPSTREAM_ERROR
-        text, finished = _candidates(obj.get("candidates"))
+        text, finished, tools = _candidates(obj.get("candidates"))
         usage = obj.get("usageMetadata")
         tokens = as_int(usage.get("candidatesTokenCount")) if isinstance(usage, dict) else None
         if not text and tokens is None and not finished:
             return NOTHING
-        return Observation(text=text, output_tokens=tokens, terminal=finished)
+        return Observation(text=text, output_tokens=tokens, terminal=finished, tools=tools)
 
     def error_event(self, code: str, message: str) -> bytes:
         http_status, status = _STATUS.get(code, _OTHER)
@@ -109,6 +116,18 @@ class Gemini(Dialect):
         error = {"code": http_status, "message": message, "status": status, "details": [info]}
         return sse_block(dump_json({"error": error}))
 
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        # Text parts only: a functionCall's args are a whole JSON object, not text.
+        candidates = root.get("candidates") if isinstance(root, dict) else None
+        places: list[Place] = []
+        for candidate in candidates if isinstance(candidates, list) else ():
+            content = candidate.get("content") if isinstance(candidate, dict) else None
+            parts = content.get("parts") if isinstance(content, dict) else None
+            for part in parts if isinstance(parts, list) else ():
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    places.append((part, "text"))
+        return places
+
     @classmethod
     def sniff(cls, event: Event) -> bool:
         if event.event != "message":
@@ -117,11 +136,13 @@ class Gemini(Dialect):
         return isinstance(obj, dict) and ("candidates" in obj or "usageMetadata" in obj)
 
 
-def _candidates(candidates: Any) -> tuple[str, bool]:
+def _candidates(candidates: Any) -> tuple[str, bool, bool]:
+    """The text, whether a candidate finished, and whether a functionCall is in the text."""
     if not isinstance(candidates, list):
-        return "", False
+        return "", False, False
     parts_text: list[str] = []
     finished = False
+    tools = False
     for candidate in candidates:
         if not isinstance(candidate, dict):
             continue
@@ -140,4 +161,5 @@ def _candidates(candidates: Any) -> tuple[str, bool]:
             call = part.get("functionCall")
             if isinstance(call, dict) and "args" in call:
                 parts_text.append(dump_json(call["args"]))
-    return "".join(parts_text), finished
+                tools = True
+    return "".join(parts_text), finished, tools

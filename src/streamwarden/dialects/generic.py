@@ -8,7 +8,9 @@ by name and generic SSE clients can recognise by its data.
 
 from __future__ import annotations
 
-from streamwarden.dialects.base import Dialect, Observation, dump_json, sse_block
+from typing import Any
+
+from streamwarden.dialects.base import Dialect, Observation, RawText, dump_json, sse_block
 from streamwarden.sse import Event
 
 
@@ -26,6 +28,9 @@ class Generic(Dialect):
 
     def inspect(self, event: Event) -> Observation:
         return Observation(text=event.data) if event.data else Observation()
+
+    def load_data(self, event: Event, loads: Any = None) -> Any:
+        return RawText([event.data])  # the data is the text, JSON or not
 
     def error_event(self, code: str, message: str) -> bytes:
         return sse_block(dump_json({"error": {"code": code, "message": message}}), event="error")

@@ -13,11 +13,15 @@ shape of the synthesized error (plus a ``code`` beside it).
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamwarden.dialects.base import (
     NOTHING,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
+    RawText,
     as_int,
     dump_json,
     load_json,
@@ -59,3 +63,21 @@ class NDJSON(Dialect):
 
     def error_event(self, code: str, message: str) -> bytes:
         return (dump_json({"error": message, "code": code}) + "\n").encode()
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        # The same text as inspect: a line in Ollama's shape has its content
+        # and thinking; any other line is text as a whole.
+        if not isinstance(root, dict) or "done" not in root:
+            return [(_whole(root, event), 0)]
+        message = root.get("message")
+        holder = message if isinstance(message, dict) else root
+        fields = ("content", "thinking") if holder is message else ("response", "thinking")
+        return [(holder, f) for f in fields if isinstance(holder.get(f), str)]
+
+    def load_data(self, event: Event, loads: Any = None) -> Any:
+        root = super().load_data(event, loads)
+        return root if isinstance(root, dict) else RawText([event.data])
+
+
+def _whole(root: Any, event: Event) -> RawText:
+    return root if isinstance(root, RawText) else RawText([event.data])

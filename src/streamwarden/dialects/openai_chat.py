@@ -21,6 +21,7 @@ from streamwarden.dialects.base import (
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
     as_int,
     dump_json,
     load_json,
@@ -47,7 +48,7 @@ class OpenAIChat(Dialect):
         if obj.get("error"):
             return UPSTREAM_ERROR
         choices = obj.get("choices")
-        text = _choices_text(choices)
+        text, tools = _choices_text(choices)
         usage = obj.get("usage")
         tokens = as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
         # The usage chunk has "choices": [] (with a count or not): the one a
@@ -55,11 +56,37 @@ class OpenAIChat(Dialect):
         usage_only = choices == [] and isinstance(usage, dict)
         if not text and tokens is None and not usage_only:
             return NOTHING
-        return Observation(text=text, output_tokens=tokens, usage_only=usage_only)
+        return Observation(text=text, output_tokens=tokens, usage_only=usage_only, tools=tools)
 
     def error_event(self, code: str, message: str) -> bytes:
         error = {"message": message, "type": "stream_error", "code": code, "param": None}
         return sse_block(dump_json({"error": error}))
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        # The same fields as _choices_text, in the same order.
+        choices = root.get("choices") if isinstance(root, dict) else None
+        if not isinstance(choices, list):
+            return []
+        places: list[Place] = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                for field, value in delta.items():
+                    if field in _DELTA_TEXT_FIELDS and isinstance(value, str):
+                        places.append((delta, field))
+                calls = delta.get("tool_calls")
+                if tool_arguments and isinstance(calls, list):
+                    for call in calls:
+                        function = call.get("function") if isinstance(call, dict) else None
+                        if isinstance(function, dict) and isinstance(
+                            function.get("arguments"), str
+                        ):
+                            places.append((function, "arguments"))
+            if isinstance(choice.get("text"), str):
+                places.append((choice, "text"))
+        return places
 
     @classmethod
     def sniff(cls, event: Event) -> bool:
@@ -69,10 +96,12 @@ class OpenAIChat(Dialect):
         return isinstance(obj, dict) and "choices" in obj
 
 
-def _choices_text(choices: Any) -> str:
+def _choices_text(choices: Any) -> tuple[str, bool]:
+    """The text of the choices, and whether tool-call arguments are part of it."""
     if not isinstance(choices, list):
-        return ""
+        return "", False
     parts: list[str] = []
+    tools = False
     for choice in choices:
         if not isinstance(choice, dict):
             continue
@@ -90,7 +119,8 @@ def _choices_text(choices: Any) -> str:
                         arguments = function.get("arguments")
                         if isinstance(arguments, str):
                             parts.append(arguments)
+                            tools = True
         text = choice.get("text")  # legacy Completions
         if isinstance(text, str):
             parts.append(text)
-    return parts[0] if len(parts) == 1 else "".join(parts)
+    return (parts[0] if len(parts) == 1 else "".join(parts)), tools

@@ -14,11 +14,14 @@ API's own flat ``code`` and ``message`` fields.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamwarden.dialects.base import (
     NOTHING,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
     as_int,
     dump_json,
     load_json,
@@ -35,6 +38,9 @@ _TEXT_DELTAS = frozenset(
         "response.reasoning_text.delta",
         "response.reasoning_summary_text.delta",
     }
+)
+_TOOL_DELTAS = frozenset(
+    {"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"}
 )
 _ENDINGS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -56,7 +62,9 @@ class OpenAIResponses(Dialect):
         if kind in _TEXT_DELTAS:
             obj = obj if obj is not None else load_json(event.data)
             delta = obj.get("delta") if isinstance(obj, dict) else None
-            return Observation(text=delta) if isinstance(delta, str) and delta else NOTHING
+            if not isinstance(delta, str) or not delta:
+                return NOTHING
+            return Observation(text=delta, tools=kind in _TOOL_DELTAS)
         if kind in _ENDINGS:
             obj = obj if obj is not None else load_json(event.data)
             response = obj.get("response") if isinstance(obj, dict) else None
@@ -71,6 +79,14 @@ class OpenAIResponses(Dialect):
         error = {"type": "stream_error", "code": code, "message": message}
         payload = {"type": "error", "code": code, "message": message, "param": None, "error": error}
         return sse_block(dump_json(payload), event="error")
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        if not isinstance(root, dict):
+            return []
+        kind = event.event if event.event != "message" else str(root.get("type", ""))
+        if kind not in _TEXT_DELTAS or (kind in _TOOL_DELTAS and not tool_arguments):
+            return []
+        return [(root, "delta")] if isinstance(root.get("delta"), str) else []
 
     @classmethod
     def sniff(cls, event: Event) -> bool:

@@ -16,12 +16,15 @@ inside the message text.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamwarden.dialects.base import (
     NOTHING,
     TERMINAL,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
+    Place,
     as_int,
     dump_json,
     load_json,
@@ -57,7 +60,9 @@ class VercelDataStream(Dialect):
         if kind == "c":
             value = load_json(payload)
             delta = value.get("argsTextDelta") if isinstance(value, dict) else None
-            return Observation(text=delta) if isinstance(delta, str) and delta else NOTHING
+            return (
+                Observation(text=delta, tools=True) if isinstance(delta, str) and delta else NOTHING
+            )
         if kind == "d":
             value = load_json(payload)
             usage = value.get("usage") if isinstance(value, dict) else None
@@ -69,6 +74,22 @@ class VercelDataStream(Dialect):
 
     def error_event(self, code: str, message: str) -> bytes:
         return f"3:{dump_json(message)}\n".encode()
+
+    # A record is loaded as [type, value]: the text is the value, or its argsTextDelta.
+    def load_data(self, event: Event, loads: Any = None) -> Any:
+        kind, sep, payload = event.data.partition(":")
+        return [kind, (loads or load_json)(payload)] if sep else [kind, None]
+
+    def dump_data(self, event: Event, root: Any) -> str:
+        return f"{root[0]}:{dump_json(root[1])}"
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind, value = root
+        if kind in ("0", "g") and isinstance(value, str):
+            return [(root, 1)]
+        if kind == "c" and tool_arguments and isinstance(value, dict):
+            return [(value, "argsTextDelta")] if isinstance(value.get("argsTextDelta"), str) else []
+        return []
 
 
 class VercelUIMessageStream(Dialect):
@@ -88,7 +109,9 @@ class VercelUIMessageStream(Dialect):
         field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
         if field is not None:
             text = obj.get(field)
-            return Observation(text=text) if isinstance(text, str) and text else NOTHING
+            if not isinstance(text, str) or not text:
+                return NOTHING
+            return Observation(text=text, tools=kind == "tool-input-delta")
         if kind == "error":
             return UPSTREAM_ERROR
         if kind == "finish":
@@ -102,3 +125,10 @@ class VercelUIMessageStream(Dialect):
 
     def error_event(self, code: str, message: str) -> bytes:
         return sse_block(dump_json({"type": "error", "errorText": message}))
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind = root.get("type") if isinstance(root, dict) else None
+        field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field is None or (kind == "tool-input-delta" and not tool_arguments):
+            return []
+        return [(root, field)] if isinstance(root.get(field), str) else []

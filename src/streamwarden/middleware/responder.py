@@ -297,6 +297,7 @@ class StreamResponder:
             dialect=route.dialect,
             gap_observer=context.gap_observer,
             framing=plan.framing,
+            filters=route.output_filters,
         )
         resume = context.resume
         if route.resumable and plan.framing == "sse" and resume is not None:

@@ -420,6 +420,7 @@ class Proxy:
             gap_observer=self._gap_observer,
             framing=plan.framing,
             injected_usage=injected,
+            filters=route.output_filters,
         )
         if route.resumable and plan.framing == "sse" and self.resume is not None:
             relay.journal = self.resume.journal(request.headers.items(), relay.dialect)

@@ -1,0 +1,608 @@
+"""Streaming output filters: find what must never reach a reader, across events, with no I/O.
+
+A route's ``output_filters`` (literal strings, regular expressions of a
+bounded match length, the built-in ``secrets`` and ``cards`` sets) are
+compiled once into a :class:`FilterSet`. Each stream gets a
+:class:`Holdback`, which the relay feeds, event by event, with the text the
+dialect extracts from it. The technique is the one inference engines use
+for stop sequences: the text is one string across events and reads, and
+only a suffix that could still be the start of a match is held back; the
+moment it is proven harmless (the next character rules the match out) it
+is released, and at the end of the stream whatever is left is decided on
+the text as it stands. A hold-back is therefore bounded by the longest
+pattern (``max_length`` characters), and nothing waits when no prefix is
+pending.
+
+What is held is whole events, never part of one: an event whose text ends
+in a possible prefix waits, with every event after it, until the prefix is
+resolved; then they leave in their order, each unchanged except where a
+match lies in its text. So every byte of the stream around a match, text
+and framing alike, is the upstream's own, and no client ever sees an event
+cut in two. A redacted match becomes ``[redacted]`` in the event where it
+begins; its characters in later events are removed. A ``block`` match
+releases the events before the one it begins in and ends the stream.
+
+Matching is done by the ``regex`` module, whose partial matches say
+exactly whether the end of the text could begin a match. A cheap prefilter
+(the standard library's ``re``, on the first characters every match of the
+built-in and literal patterns begins with) skips that search for text that
+cannot begin any of them, which is nearly all of it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Generic, Literal, TypeVar
+
+import regex
+
+__all__ = [
+    "BUILTIN_SETS",
+    "MAX_MATCH_LENGTH",
+    "REDACTED",
+    "FilterError",
+    "FilterRule",
+    "FilterSet",
+    "FilterStats",
+    "Holdback",
+    "Released",
+    "apply_cuts",
+    "compile_filters",
+    "luhn_valid",
+]
+
+#: What a redacted match is replaced by.
+REDACTED = "[redacted]"
+#: The longest match any filter may span, in characters: the bound of a hold-back.
+MAX_MATCH_LENGTH = 4096
+#: Characters kept before the undecided text, for look-behinds (``\b``, ``(?<!...)``).
+_CONTEXT = 32
+#: Hold-back times kept per stream for the histogram; a stream holding more often
+#: still counts its bytes, and its first holds stand for the rest.
+_MAX_HOLD_SAMPLES = 10_000
+
+Action = Literal["redact", "block"]
+
+
+class FilterError(ValueError):
+    """A filter cannot be compiled; the message says why, for the config error."""
+
+
+@dataclass(frozen=True, slots=True)
+class FilterRule:
+    """One configured filter, as the config gives it (validated by :func:`compile_filters`)."""
+
+    kind: Literal["builtin", "literal", "regex"]
+    #: The built-in set's name, the literal text, or the pattern.
+    value: str
+    action: Action
+    #: The name in metrics and logs (never the literal or pattern itself).
+    name: str
+    #: The longest match, for a regex whose own length is unbounded.
+    max_length: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """One pattern of a filter: what the regex module searches for."""
+
+    source: str
+    #: Every match of ``source`` begins with one of these strings (``None``:
+    #: not known, as for a configured regex)...
+    heads: tuple[str, ...] | None
+    #: ...not preceded by a character of this class (a ``re`` character set).
+    not_after: str | None = None
+    #: A check on the matched text (Luhn for card numbers).
+    luhn: bool = False
+
+
+# Token shapes are matched only where they begin a word: "tasks-" is not "sk-".
+_WORD_CHARS = "[A-Za-z0-9_-]"
+_WORD_START = f"(?<!{_WORD_CHARS})"
+
+
+def _token(heads: Sequence[str], body: str) -> _Pattern:
+    alternatives = "|".join(re.escape(h) for h in heads)
+    return _Pattern(f"{_WORD_START}(?:{alternatives}){body}", tuple(heads), _WORD_CHARS)
+
+
+#: The built-in sets. Each pattern is bounded (at most a few hundred characters).
+BUILTIN_SETS: dict[str, tuple[_Pattern, ...]] = {
+    "secrets": (
+        # OpenAI (sk-, sk-proj-, sk-svcacct-), Anthropic (sk-ant-...), DeepSeek and others.
+        _token(["sk-"], r"[A-Za-z0-9_-]{20,200}(?![A-Za-z0-9_-])"),
+        # AWS access key ids (long-term and temporary).
+        _token(["AKIA", "ASIA"], r"[0-9A-Z]{16}(?![0-9A-Za-z])"),
+        # GitHub tokens: classic (ghp_, gho_, ghu_, ghs_, ghr_) and fine-grained.
+        _token(["ghp_", "gho_", "ghu_", "ghs_", "ghr_"], r"[A-Za-z0-9]{36,251}(?![A-Za-z0-9])"),
+        _token(["github_pat_"], r"[A-Za-z0-9_]{22,244}(?![A-Za-z0-9_])"),
+        # Slack tokens.
+        _token(
+            ["xoxa-", "xoxb-", "xoxp-", "xoxo-", "xoxr-", "xoxs-"],
+            r"[A-Za-z0-9-]{10,200}(?![A-Za-z0-9-])",
+        ),
+        # Google API keys.
+        _token(["AIza"], r"[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
+        # Stripe secret and restricted keys.
+        _token(
+            ["sk_live_", "sk_test_", "rk_live_", "rk_test_"],
+            r"[0-9A-Za-z]{16,200}(?![0-9A-Za-z])",
+        ),
+        # PEM private key headers (RSA, EC, DSA, OPENSSH, ENCRYPTED, PKCS#8).
+        _Pattern(r"-----BEGIN (?:[A-Z0-9]{1,12} ){0,2}PRIVATE KEY-----", ("-----BEGIN ",)),
+    ),
+    "cards": (
+        # 13 to 19 digits, optionally grouped by single spaces or dashes, Luhn-checked.
+        _Pattern(
+            r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])",
+            tuple("0123456789"),
+            "[0-9]",
+            luhn=True,
+        ),
+    ),
+}
+
+
+def luhn_valid(text: str) -> bool:
+    """Whether the digits of ``text`` pass the Luhn check (card numbers)."""
+    total = 0
+    for i, char in enumerate(reversed([c for c in text if c.isdigit()])):
+        digit = ord(char) - 48
+        if i % 2:
+            digit *= 2
+            if digit > 9:
+                digit -= 9
+        total += digit
+    return total % 10 == 0
+
+
+def _regex_width(pattern: str) -> int | None:
+    """The longest text ``pattern`` can match, or ``None`` if unbounded or unknown."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        hi = int(_parser.parse(pattern).getwidth()[1])
+    except Exception:  # syntax only the regex module knows: no derived bound
+        return None
+    return hi if hi <= MAX_MATCH_LENGTH else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """The patterns of every filter, combined for one search where they can be."""
+
+    #: (compiled pattern, rule per group name or the one rule of a lone pattern)
+    searchers: tuple[tuple[Any, dict[str, int] | int], ...]
+    prefilter: re.Pattern[str] | None
+    luhn_rules: frozenset[int]
+
+
+class FilterSet:
+    """A route's compiled output filters, shared by all its streams."""
+
+    __slots__ = ("_compiled", "max_length", "rules", "tool_arguments")
+
+    def __init__(
+        self,
+        rules: Sequence[FilterRule],
+        tool_arguments: bool,
+        patterns: list[tuple[int, _Pattern]],
+    ) -> None:
+        self.rules: tuple[FilterRule, ...] = tuple(rules)
+        #: Also filter tool-call arguments (not only the answer's text).
+        self.tool_arguments = tool_arguments
+        lengths = [_pattern_length(rules[i], p) for i, p in patterns]
+        #: The longest match of any filter: no hold-back is longer.
+        self.max_length = max(lengths, default=0)
+        self._compiled = _combine(patterns)
+
+    def holdback(self, max_held_bytes: int) -> Holdback[Any]:
+        """A new per-stream matcher, holding at most ``max_held_bytes`` of events."""
+        return Holdback(self, max_held_bytes)
+
+
+def _pattern_length(rule: FilterRule, pattern: _Pattern) -> int:
+    if rule.kind == "literal":
+        return len(rule.value)
+    width = _regex_width(pattern.source)
+    if rule.max_length is not None:
+        return rule.max_length if width is None else min(width, rule.max_length)
+    if width is None:  # compile_filters rejected this already
+        raise FilterError("unbounded")
+    return width
+
+
+_PLAIN_FLAGS = regex.compile("").flags
+
+
+def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
+    combinable: list[str] = []
+    groups: dict[str, int] = {}
+    searchers: list[tuple[Any, dict[str, int] | int]] = []
+    # The prefilter: per first character (and look-behind), what may follow it.
+    heads: dict[tuple[str, str | None], set[str]] = {}
+    all_headed = True
+    luhn: set[int] = set()
+    for index, (rule, pattern) in enumerate(patterns):
+        if pattern.luhn:
+            luhn.add(rule)
+        if pattern.heads is None:
+            all_headed = False
+        else:
+            for head in pattern.heads:
+                heads.setdefault((head[0], pattern.not_after), set()).update(_continuations(head))
+        alone = regex.compile(pattern.source)
+        if alone.groups or alone.flags != _PLAIN_FLAGS:
+            # Its own groups (and back-references) keep their numbers, and its
+            # inline flags ((?i) ...) apply to it alone, searched on its own.
+            searchers.append((alone, rule))
+        else:
+            name = f"sw{index}"
+            groups[name] = rule
+            combinable.append(f"(?P<{name}>{pattern.source})")
+    if combinable:
+        searchers.insert(0, (regex.compile("|".join(combinable)), groups))
+    prefilter = re.compile(_prefilter(heads)) if all_headed and heads else None
+    return _Compiled(tuple(searchers), prefilter, frozenset(luhn))
+
+
+def _continuations(head: str) -> list[str]:
+    """What may follow a head's first character: the rest of it, or any part of it at the end."""
+    rest = [re.escape(head[1:])]
+    return rest + [re.escape(head[1:i]) + r"\Z" for i in range(1, len(head))]
+
+
+def _prefilter(heads: dict[tuple[str, str | None], set[str]]) -> str:
+    """One ``re`` pattern whose every branch starts with a plain character.
+
+    So the engine skips along the text looking for those characters only:
+    the look-behind comes after the first character (``s(?<![...]s)``), not
+    before it, where it would be tried at every position.
+    """
+    branches: list[str] = []
+    for (first, not_after), follows in sorted(heads.items(), key=lambda kv: str(kv[0])):
+        char = re.escape(first)
+        guard = f"(?<!{not_after}{char})" if not_after else ""
+        options = "|".join(sorted(follows, key=lambda f: (-len(f), f)))
+        branches.append(f"{char}{guard}(?:{options})")
+    return "|".join(branches)
+
+
+@lru_cache(maxsize=64)
+def compile_filters(rules: tuple[FilterRule, ...], tool_arguments: bool) -> FilterSet | None:
+    """Compile a route's filters (``None`` for none), or raise :class:`FilterError`.
+
+    Cached: a route's filters are compiled once, not per request.
+    """
+    if not rules:
+        return None
+    patterns: list[tuple[int, _Pattern]] = []
+    for index, rule in enumerate(rules):
+        if rule.kind == "builtin":
+            found = BUILTIN_SETS.get(rule.value)
+            if found is None:
+                names = ", ".join(BUILTIN_SETS)
+                raise FilterError(f"{_shown(rule.value)} is not a built-in set (one of {names})")
+            patterns.extend((index, p) for p in found)
+        elif rule.kind == "literal":
+            if not rule.value:
+                raise FilterError("an empty literal matches everywhere")
+            if len(rule.value) > MAX_MATCH_LENGTH:
+                raise FilterError(f"a literal is at most {MAX_MATCH_LENGTH} characters")
+            patterns.append((index, _Pattern(regex.escape(rule.value), (rule.value[:6],))))
+        else:
+            patterns.append((index, _check_regex(rule)))
+    return FilterSet(rules, tool_arguments, patterns)
+
+
+def _shown(value: str) -> str:
+    """A pattern or literal as an error message quotes it: as written, cut if long."""
+    return f"`{value}`" if len(value) <= 60 else f"`{value[:57]}...`"
+
+
+def _check_regex(rule: FilterRule) -> _Pattern:
+    try:
+        compiled = regex.compile(rule.value)
+    except regex.error as exc:
+        raise FilterError(f"{_shown(rule.value)} is not a regular expression: {exc}") from None
+    if compiled.search("") is not None:
+        raise FilterError(f"{_shown(rule.value)} matches empty text, so it would match everywhere")
+    if rule.max_length is not None:
+        if not 1 <= rule.max_length <= MAX_MATCH_LENGTH:
+            raise FilterError(f"max_length must be between 1 and {MAX_MATCH_LENGTH}")
+    elif _regex_width(rule.value) is None:
+        raise FilterError(
+            f"{_shown(rule.value)} has no bounded match length (at most {MAX_MATCH_LENGTH}):"
+            " write {m,n} instead of +, * or {m,}, or give max_length"
+        )
+    return _Pattern(rule.value, None)
+
+
+# -- the per-stream matcher ----------------------------------------------------
+
+
+@dataclass(slots=True)
+class Match:
+    """A decided match, in offsets of the stream's filtered text."""
+
+    start: int
+    end: int
+    rule: int
+
+
+@dataclass(slots=True)
+class FilterStats:
+    """What a stream's filters did, for the metrics."""
+
+    #: Matches by (filter name, action).
+    matches: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Raw bytes of the events that had to wait for a prefix to resolve.
+    held_bytes: int = 0
+    #: Seconds each held event waited (the first ``_MAX_HOLD_SAMPLES``).
+    hold_times: list[float] = field(default_factory=list)
+
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Released(Generic[T]):
+    """An event leaving the hold-back, with the cuts to make in its text.
+
+    ``cuts`` are ``(start, end, replacement)`` in the event's own text, in order.
+    """
+
+    item: T
+    cuts: tuple[tuple[int, int, str], ...]
+
+
+_NO_CUTS: tuple[tuple[int, int, str], ...] = ()
+
+
+@dataclass(slots=True)
+class _Held(Generic[T]):
+    item: T
+    start: int
+    end: int
+    size: int
+    arrived: float
+    held: bool
+
+
+class Holdback(Generic[T]):
+    """One stream's filters: events in, in order; events out once their text is decided."""
+
+    __slots__ = (
+        "_base",
+        "_blocked_at",
+        "_buf",
+        "_compiled",
+        "_held_size",
+        "_items",
+        "_matches",
+        "_max_held",
+        "_max_length",
+        "_safe",
+        "_set",
+        "blocked",
+        "overflow",
+        "stats",
+    )
+
+    def __init__(self, filters: FilterSet, max_held_bytes: int) -> None:
+        self._set = filters
+        # Text waits for at most max_length characters, but the events behind
+        # it (pings, comments, usage) have no such bound: their bytes do.
+        self._max_held = max_held_bytes
+        self._held_size = 0
+        #: The events waiting grew past ``max_held_bytes``: the stream must end
+        #: (releasing them would let a key split around the flood through).
+        self.overflow = False
+        self._compiled = filters._compiled
+        self._max_length = filters.max_length
+        # The undecided text (and a little context before it): _buf[0] is at
+        # offset _base of the stream's filtered text; text before _safe is decided.
+        self._buf = ""
+        self._base = 0
+        self._safe = 0
+        self._matches: list[Match] = []
+        self._items: list[_Held[T]] = []
+        #: The rule of the ``block`` match that ended the stream, if one did.
+        self.blocked: FilterRule | None = None
+        self._blocked_at: int | None = None
+        self.stats = FilterStats()
+
+    @property
+    def holding(self) -> bool:
+        """Events are waiting for a possible match to resolve."""
+        return bool(self._items)
+
+    def push(self, item: T, text: str, size: int, now: float) -> list[Released[T]] | None:
+        """One event arrived (``text``: what the filters read of it, maybe empty).
+
+        ``None`` means this event leaves at once, unchanged: nothing waits
+        before it and no match touches it (nearly every event). Otherwise
+        the events that may leave now, in order (maybe none: a prefix is
+        pending). After a ``block`` match nothing more is ever released.
+        """
+        if self.blocked is not None or self.overflow:
+            return []
+        items = self._items
+        if not items:
+            if not text:
+                return None
+            # Nothing is undecided: only a head of some pattern in the new text
+            # (the context before it counts for look-behinds) needs a closer look.
+            prefilter = self._compiled.prefilter
+            if prefilter is not None:
+                old = self._buf
+                buf = old + text
+                if prefilter.search(buf, len(old)) is None:
+                    kept = buf[-_CONTEXT:]
+                    self._base += len(buf) - len(kept)
+                    self._buf = kept
+                    self._safe = self._base + len(kept)
+                    return None
+        start = self._base + len(self._buf)
+        end = start + len(text)
+        if text:
+            matched = len(self._matches)
+            self._buf += text
+            self._scan(final=False)
+            if not items and self._safe >= end and len(self._matches) == matched:
+                return None
+        items.append(_Held(item, start, end, size, now, False))
+        self._held_size += size
+        released = self._release(now)
+        for held in items:
+            if not held.held:
+                held.held = True
+                self.stats.held_bytes += held.size
+        if self._held_size > self._max_held:
+            self.overflow = True
+            items.clear()
+        return released
+
+    def close(self, now: float) -> list[Released[T]]:
+        """The text ended (the terminal event, the end of the stream): decide the rest.
+
+        The text so far is decided as it stands and every waiting event
+        leaves. Text pushed afterwards (an upstream that goes on after its
+        terminal event) is still filtered, as a new run of text.
+        """
+        if self.blocked is not None or self.overflow:
+            return []
+        self._scan(final=True)
+        return self._release(now)
+
+    # -- internals -------------------------------------------------------------
+
+    def _scan(self, *, final: bool) -> None:
+        buf = self._buf
+        n = len(buf)
+        pos = self._safe - self._base
+        compiled = self._compiled
+        prefilter = compiled.prefilter
+        rules = self._set.rules
+        bound = self._max_length
+        while pos < n:
+            if prefilter is not None:
+                hint = prefilter.search(buf, pos)
+                if hint is None:
+                    pos = n
+                    break
+                pos = hint.start()
+            found = _earliest(compiled, buf, pos, partial=not final)
+            if found is None:
+                pos = n
+                break
+            m, rule = found
+            start, end = m.start(), m.end()
+            if start >= n:
+                pos = n
+                break
+            if not final and (m.partial or end == n) and n - start < bound:
+                pos = start  # could still begin (or grow) a match: wait for more text
+                break
+            if m.partial or (rule in compiled.luhn_rules and not luhn_valid(buf[start:end])):
+                pos = start + 1  # longer than any match can be, or not a card number
+                continue
+            self._record(Match(self._base + start, self._base + end, rule), rules[rule])
+            if self.blocked is not None:
+                pos = end
+                break
+            pos = end
+        self._safe = self._base + pos
+        keep = max(0, pos - _CONTEXT)
+        if keep:
+            self._buf = buf[keep:]
+            self._base += keep
+
+    def _record(self, match: Match, rule: FilterRule) -> None:
+        key = (rule.name, rule.action)
+        matches = self.stats.matches
+        matches[key] = matches.get(key, 0) + 1
+        self._matches.append(match)
+        if rule.action == "block":
+            self.blocked = rule
+            self._blocked_at = match.start
+
+    def _release(self, now: float) -> list[Released[T]]:
+        items = self._items
+        matches = self._matches
+        blocked_at = self._blocked_at
+        # After a block, the events before the one it begins in still leave.
+        limit = self._safe if blocked_at is None else blocked_at
+        out: list[Released[T]] = []
+        taken = 0
+        stats = self.stats
+        for held in items:
+            if held.end > limit:
+                break
+            out.append(Released(held.item, _cuts(held.start, held.end, matches)))
+            self._held_size -= held.size
+            if held.held and len(stats.hold_times) < _MAX_HOLD_SAMPLES:
+                stats.hold_times.append(now - held.arrived)
+            taken += 1
+        if taken:
+            del items[:taken]
+            if matches:
+                # A match ending before the first waiting event's text cuts nothing more.
+                edge = items[0].start if items else self._safe
+                self._matches = [m for m in matches if m.end > edge]
+        if blocked_at is not None:
+            items.clear()
+        return out
+
+
+def _earliest(compiled: _Compiled, buf: str, pos: int, *, partial: bool) -> tuple[Any, int] | None:
+    best: tuple[Any, int] | None = None
+    for pattern, rules in compiled.searchers:
+        m = pattern.search(buf, pos, partial=partial)
+        if m is None:
+            continue
+        if best is None or m.start() < best[0].start():
+            rule = rules if isinstance(rules, int) else rules.get(m.lastgroup or "", -1)
+            if rule < 0:  # a partial match names no group: any of them may follow
+                rule = next(iter(rules.values())) if isinstance(rules, dict) else rules
+            best = (m, rule)
+    return best
+
+
+def _cuts(start: int, end: int, matches: list[Match]) -> tuple[tuple[int, int, str], ...]:
+    if start == end or not matches:
+        return _NO_CUTS
+    cuts: list[tuple[int, int, str]] = []
+    for m in matches:
+        if m.end <= start or m.start >= end:
+            continue
+        replacement = REDACTED if m.start >= start else ""
+        cuts.append((max(m.start, start) - start, min(m.end, end) - start, replacement))
+    return tuple(cuts) if cuts else _NO_CUTS
+
+
+def apply_cuts(parts: Sequence[str], cuts: Sequence[tuple[int, int, str]]) -> list[str]:
+    """The event's text parts with ``cuts`` (offsets in their concatenation) made.
+
+    A cut that spans parts leaves its replacement in the part where it begins.
+    """
+    out: list[str] = []
+    offset = 0
+    for part in parts:
+        end = offset + len(part)
+        pieces: list[str] = []
+        cursor = offset
+        for cut_start, cut_end, replacement in cuts:
+            if cut_end <= offset or cut_start >= end:
+                continue
+            pieces.append(part[cursor - offset : max(cut_start, offset) - offset])
+            if cut_start >= offset:
+                pieces.append(replacement)
+            cursor = min(cut_end, end)
+        pieces.append(part[cursor - offset :])
+        out.append("".join(pieces))
+        offset = end
+    return out
