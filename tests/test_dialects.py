@@ -341,3 +341,78 @@ def test_vercel_data_stream_error_is_an_error_part() -> None:
     out = relay.upstream_eof(2.0)
     assert out.startswith(b'3:"streamwarden:')
     assert out.endswith(b'(stream_truncated)"\n')
+
+
+# The provider's count of the prompt's tokens, each as its own API sends it
+# (OpenAI's usage chunk, Anthropic's message_start, the Responses API's
+# response.completed, Gemini's usageMetadata, Ollama's done line, both Vercel
+# streams' finish), for the OpenTelemetry span's gen_ai.usage.input_tokens.
+_PROMPT_COUNTS = [
+    (
+        "/v1/chat/completions",
+        "text/event-stream",
+        {},
+        b'data: {"choices":[],"usage":{"prompt_tokens":17,"completion_tokens":5}}\n\n',
+    ),
+    (
+        "/v1/messages",
+        "text/event-stream",
+        {},
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"m",'
+        b'"usage":{"input_tokens":17,"output_tokens":1}}}\n\n',
+    ),
+    (
+        "/v1/responses",
+        "text/event-stream",
+        {},
+        b'event: response.completed\ndata: {"type":"response.completed","response":'
+        b'{"usage":{"input_tokens":17,"output_tokens":5}}}\n\n',
+    ),
+    (
+        "/v1beta/models/gemini-2.0-flash:streamGenerateContent",
+        "text/event-stream",
+        {},
+        b'data: {"candidates":[{"content":{"parts":[{"text":"hi"}]},"finishReason":"STOP"}],'
+        b'"usageMetadata":{"promptTokenCount":17,"candidatesTokenCount":5}}\n\n',
+    ),
+    (
+        "/api/chat",
+        "application/x-ndjson",
+        {},
+        b'{"message":{"content":""},"done":true,"prompt_eval_count":17,"eval_count":5}\n',
+    ),
+    (
+        "/api/chat",
+        "text/plain",
+        {"x-vercel-ai-data-stream": "v1"},
+        b'd:{"finishReason":"stop","usage":{"promptTokens":17,"completionTokens":5}}\n',
+    ),
+    (
+        "/api/chat",
+        "text/event-stream",
+        {"x-vercel-ai-ui-message-stream": "v1"},
+        b'data: {"type":"finish","messageMetadata":{"usage":{"inputTokens":17,'
+        b'"outputTokens":5}}}\n\n',
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type", "headers", "event"),
+    _PROMPT_COUNTS,
+    ids=["openai-chat", "anthropic", "openai-responses", "gemini", "ndjson", "vercel", "vercel-ui"],
+)
+def test_the_providers_prompt_token_count_is_read(
+    path: str, content_type: str, headers: dict[str, str], event: bytes
+) -> None:
+    relay = Relay(
+        Limits(15.0, 60.0, 1800.0, 8 << 20),
+        started_at=0.0,
+        now=0.0,
+        path=path,
+        content_type=content_type,
+        headers=headers,
+    )
+    assert relay.feed(event, 1.0) == event
+    assert relay.meter.input_tokens == 17
+    assert relay.meter.usage_tokens == 5 or relay.meter.usage_tokens == 1  # message_start's 1

@@ -95,6 +95,7 @@ class StreamMeter:
         "gap_count",
         "gap_max",
         "gap_sum",
+        "input_tokens",
         "keepalives",
         "started_at",
         "upstream_reported_error",
@@ -123,6 +124,8 @@ class StreamMeter:
         self.usage_tokens: int | None = None
         #: The stream reached its terminal event: ``usage_tokens`` is final.
         self.usage_final = False
+        #: The provider's count of the prompt's tokens, if it sent one.
+        self.input_tokens: int | None = None
         self._estimate_in = 0
         self._estimate_zombie = 0
         self._resumed = False

@@ -471,6 +471,8 @@ class Relay:
                 meter.content(seen.text, now, delivered=delivered)
             if seen.output_tokens is not None:
                 meter.usage_tokens = seen.output_tokens
+            if seen.input_tokens is not None:
+                meter.input_tokens = seen.input_tokens
             if seen.terminal:
                 self._terminal_seen = True
                 meter.usage_final = True
@@ -544,6 +546,8 @@ class Relay:
                 text = seen.text
                 if seen.output_tokens is not None:
                     meter.usage_tokens = seen.output_tokens
+                if seen.input_tokens is not None:
+                    meter.input_tokens = seen.input_tokens
                 if seen.terminal:
                     self._terminal_seen = terminal = True
                     meter.usage_final = True

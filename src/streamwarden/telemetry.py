@@ -69,6 +69,7 @@ ATTRIBUTES: dict[str, str] = {
     "gen_ai.request.stream": "the response was a stream",
     "gen_ai.request.model": "the model the request named (only with `otel_record_models`)",
     "gen_ai.usage.output_tokens": "tokens generated (the provider's count when it sent one)",
+    "gen_ai.usage.input_tokens": "the prompt's tokens (only when the provider counted them)",
     "gen_ai.response.time_to_first_chunk": "seconds from the request to the first content event",
     "http.request.method": "the request method",
     "http.route": "the matched route prefix (`/` when none)",
@@ -173,7 +174,8 @@ INSTRUMENTS: dict[str, tuple[str, str, list[float]]] = {
     ),
     "gen_ai.client.token.usage": (
         "{token}",
-        "tokens generated, `gen_ai.token.type=output`",
+        "tokens generated (`gen_ai.token.type=output`) and the prompt's tokens where the"
+        " provider counted them (`input`)",
         [float(b) for b in _TOKEN_BUCKETS],
     ),
 }
@@ -406,6 +408,8 @@ class Telemetry:
         provider = _PROVIDERS.get(dialect)
         if provider is not None:
             attributes["gen_ai.provider.name"] = provider
+        if meter.input_tokens is not None:
+            attributes["gen_ai.usage.input_tokens"] = meter.input_tokens
         if meter.ttft is not None:
             attributes["gen_ai.response.time_to_first_chunk"] = meter.ttft
         if meter.error_code is not None:
@@ -430,6 +434,8 @@ class Telemetry:
         if meter.duration is not None:
             self._duration.record(meter.duration, labels)
         self._tokens.record(meter.tokens_generated, {**labels, "gen_ai.token.type": "output"})
+        if meter.input_tokens is not None:
+            self._tokens.record(meter.input_tokens, {**labels, "gen_ai.token.type": "input"})
 
     def shutdown(self) -> None:
         self._tracer_provider.shutdown()

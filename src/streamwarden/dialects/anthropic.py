@@ -68,8 +68,13 @@ class Anthropic(Dialect):
                 return NOTHING
             holder = obj if kind == "message_delta" else obj.get("message")
             usage = holder.get("usage") if isinstance(holder, dict) else None
-            tokens = as_int(usage.get("output_tokens")) if isinstance(usage, dict) else None
-            return NOTHING if tokens is None else Observation(output_tokens=tokens)
+            if not isinstance(usage, dict):
+                return NOTHING
+            tokens = as_int(usage.get("output_tokens"))
+            prompt = as_int(usage.get("input_tokens"))
+            if tokens is None and prompt is None:
+                return NOTHING
+            return Observation(output_tokens=tokens, input_tokens=prompt)
         if kind == "error":
             return UPSTREAM_ERROR
         return NOTHING

@@ -34,11 +34,14 @@ class Observation:
     ``text`` is the content the event carries for a reader (answer text,
     reasoning text, tool-call argument fragments), used to estimate tokens
     when the provider reports none. ``output_tokens`` is the provider's own
-    count of generated tokens so far, when the event carries it.
+    count of generated tokens so far, when the event carries it, and
+    ``input_tokens`` its count of the prompt's.
     """
 
     text: str = ""
     output_tokens: int | None = None
+    #: The provider's count of the prompt's tokens, when the event carries it.
+    input_tokens: int | None = None
     terminal: bool = False
     error: bool = False
     #: The event only reports usage (OpenAI's ``"choices": []`` chunk): the

@@ -100,10 +100,13 @@ class Gemini(Dialect):
             return UPSTREAM_ERROR
         text, finished, tools = _candidates(obj.get("candidates"))
         usage = obj.get("usageMetadata")
-        tokens = as_int(usage.get("candidatesTokenCount")) if isinstance(usage, dict) else None
-        if not text and tokens is None and not finished:
+        tokens = prompt = None
+        if isinstance(usage, dict):
+            tokens = as_int(usage.get("candidatesTokenCount"))
+            prompt = as_int(usage.get("promptTokenCount"))
+        if not text and tokens is None and prompt is None and not finished:
             return NOTHING
-        return Observation(text=text, output_tokens=tokens, terminal=finished, tools=tools)
+        return Observation(text, tokens, prompt, terminal=finished, tools=tools)
 
     def error_event(self, code: str, message: str) -> bytes:
         http_status, status = _STATUS.get(code, _OTHER)

@@ -57,7 +57,10 @@ class NDJSON(Dialect):
         )
         if obj.get("done") is True:
             return Observation(
-                text=content, output_tokens=as_int(obj.get("eval_count")), terminal=True
+                content,
+                as_int(obj.get("eval_count")),
+                as_int(obj.get("prompt_eval_count")),
+                terminal=True,
             )
         return Observation(text=content) if content else NOTHING
 

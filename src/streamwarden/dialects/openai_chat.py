@@ -50,13 +50,16 @@ class OpenAIChat(Dialect):
         choices = obj.get("choices")
         text, tools = _choices_text(choices)
         usage = obj.get("usage")
-        tokens = as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+        tokens = prompt = None
+        if isinstance(usage, dict):
+            tokens = as_int(usage.get("completion_tokens"))
+            prompt = as_int(usage.get("prompt_tokens"))
         # The usage chunk has "choices": [] (with a count or not): the one a
         # client that did not ask for usage must not see.
         usage_only = choices == [] and isinstance(usage, dict)
-        if not text and tokens is None and not usage_only:
+        if not text and tokens is None and prompt is None and not usage_only:
             return NOTHING
-        return Observation(text=text, output_tokens=tokens, usage_only=usage_only, tools=tools)
+        return Observation(text, tokens, prompt, usage_only=usage_only, tools=tools)
 
     def error_event(self, code: str, message: str) -> bytes:
         error = {"message": message, "type": "stream_error", "code": code, "param": None}

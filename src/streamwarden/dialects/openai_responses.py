@@ -69,8 +69,12 @@ class OpenAIResponses(Dialect):
             obj = obj if obj is not None else load_json(event.data)
             response = obj.get("response") if isinstance(obj, dict) else None
             usage = response.get("usage") if isinstance(response, dict) else None
-            tokens = as_int(usage.get("output_tokens")) if isinstance(usage, dict) else None
-            return Observation(output_tokens=tokens, terminal=True, error=kind == "response.failed")
+            tokens = prompt = None
+            if isinstance(usage, dict):
+                tokens = as_int(usage.get("output_tokens"))
+                prompt = as_int(usage.get("input_tokens"))
+            failed = kind == "response.failed"
+            return Observation("", tokens, prompt, terminal=True, error=failed)
         if kind == "error":
             return UPSTREAM_ERROR
         return NOTHING

@@ -66,8 +66,11 @@ class VercelDataStream(Dialect):
         if kind == "d":
             value = load_json(payload)
             usage = value.get("usage") if isinstance(value, dict) else None
-            tokens = as_int(usage.get("completionTokens")) if isinstance(usage, dict) else None
-            return Observation(output_tokens=tokens, terminal=True)
+            tokens = prompt = None
+            if isinstance(usage, dict):
+                tokens = as_int(usage.get("completionTokens"))
+                prompt = as_int(usage.get("promptTokens"))
+            return Observation(output_tokens=tokens, input_tokens=prompt, terminal=True)
         if kind == "3":
             return UPSTREAM_ERROR
         return NOTHING
@@ -117,10 +120,13 @@ class VercelUIMessageStream(Dialect):
         if kind == "finish":
             metadata = obj.get("messageMetadata")
             usage = metadata.get("usage") if isinstance(metadata, dict) else None
-            tokens = None
+            tokens = prompt = None
             if isinstance(usage, dict):
                 tokens = as_int(usage.get("outputTokens", usage.get("completionTokens")))
-            return NOTHING if tokens is None else Observation(output_tokens=tokens)
+                prompt = as_int(usage.get("inputTokens", usage.get("promptTokens")))
+            if tokens is None and prompt is None:
+                return NOTHING
+            return Observation(output_tokens=tokens, input_tokens=prompt)
         return NOTHING
 
     def error_event(self, code: str, message: str) -> bytes:
