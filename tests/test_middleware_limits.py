@@ -159,6 +159,9 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         # tests/test_telemetry.py: spans and GenAI metrics from both faces.
         "otel_exporter",
         "otel_record_models",
+        # tests/test_filters_faces.py, tests/test_filters.py: redact or block, both faces.
+        "output_filters",
+        "output_filter_tool_arguments",
     }
 
 
