@@ -308,3 +308,34 @@ def test_check_config_says_what_run_still_needs(tmp_path: Path) -> None:
     )
     assert checked.returncode == 0
     assert "ok, but streamwarden run also needs upstream" in checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"upstream": "ftp://user:hunter2-secret@llm.internal/v1?key=sk-live-123"},
+            'upstream: "ftp://llm.internal/v1" is not an upstream URL',
+        ),
+        (
+            {"resume_store": "mongodb://:hunter2-secret@cache:6379/0?key=sk-live-123"},
+            'resume_store: "mongodb://cache:6379/0" is not a resume store',
+        ),
+        (
+            {"engine_metrics_url": "ftp://u:hunter2-secret@vllm:8000/metrics?key=sk-live-123"},
+            'engine_metrics_url: "ftp://vllm:8000/metrics" is not an http(s) URL',
+        ),
+        (
+            {"resume_secret": "hunter2-secret"},
+            "resume_secret: (the value given) must be at least 32",
+        ),
+    ],
+)
+def test_a_bad_value_that_holds_a_secret_is_told_without_it(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={}, overrides=overrides)
+    text = str(caught.value)
+    assert message in text
+    assert "hunter2" not in text and "sk-live" not in text

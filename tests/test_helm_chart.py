@@ -56,6 +56,8 @@ OLD_KUBE = "1.28.0"
 EXPLICIT_KEYS = {"listen", "admin_listen", "upstream", "drain_timeout", "keepalive_interval"}
 # Settings the sidecar does not read (the middleware's), so the chart does not offer them.
 NOT_FOR_THE_SIDECAR = {"metrics_path"}
+# Secrets never go in the ConfigMap: the chart reads them from a Secret (resume.secret).
+FROM_A_SECRET = {"resume_secret"}
 
 
 # -- tools ---------------------------------------------------------------------
@@ -643,7 +645,7 @@ def test_schema_offers_every_sidecar_config_key() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     config = schema["properties"]["config"]
     assert config["additionalProperties"] is False
-    expected = set(Settings.model_fields) - EXPLICIT_KEYS - NOT_FOR_THE_SIDECAR
+    expected = set(Settings.model_fields) - EXPLICIT_KEYS - NOT_FOR_THE_SIDECAR - FROM_A_SECRET
     offered = set(config["properties"])
     assert offered == expected, (
         f"values.schema.json's `config` lacks {sorted(expected - offered)} "
@@ -863,6 +865,15 @@ def test_replicas_share_a_redis_resume_store_from_a_url_or_a_secret(tmp_path: Pa
     defaults = Pod(tuple(objects_of(render())))
     assert "resume_store" not in defaults.config_keys
     assert "env" not in defaults.sidecar
+
+
+def test_the_resume_secret_comes_from_a_secret_never_the_configmap() -> None:
+    keyed = Pod(tuple(objects_of(render({"resume": {"secret": {"existingSecret": "llm-resume"}}}))))
+    assert "resume_secret" not in keyed.config_keys
+    assert {
+        "name": "STREAMWARDEN_RESUME_SECRET",
+        "valueFrom": {"secretKeyRef": {"name": "llm-resume", "key": "secret"}},
+    } in keyed.sidecar["env"]
 
 
 def test_the_notes_warn_while_the_image_is_the_placeholder() -> None:

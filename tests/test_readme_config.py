@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from streamwarden.config import Settings, parse_duration, parse_size
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -41,6 +43,8 @@ def _as_value(shown: str, actual: Any) -> Any:
         return parse_size(first)
     if isinstance(actual, tuple):
         return () if first in ("[]",) else first
+    if isinstance(actual, SecretStr):
+        return SecretStr("") if first == "unset" else SecretStr(first)
     return first
 
 

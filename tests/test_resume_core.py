@@ -74,6 +74,18 @@ def test_the_owner_is_the_credentials_keyed_by_the_stream() -> None:
     assert owner_digest(tenant, "s", ["x-tenant"]) != owner_digest([], "s", ["x-tenant"])
 
 
+def test_a_resume_secret_keys_the_owner_digest_too() -> None:
+    one = [("Authorization", "Bearer sk-1")]
+    secret = "k" * 32
+    keyed = owner_digest(one, "s1", secret=secret)
+    # Whoever reads the store and guesses the credential cannot check the guess...
+    assert keyed != owner_digest(one, "s1")
+    assert keyed != owner_digest(one, "s1", secret="j" * 32)
+    # ...while every replica given the secret computes the same digest.
+    assert keyed == owner_digest([("authorization", "Bearer sk-1")], "s1", secret=secret)
+    assert keyed != owner_digest(one, "s2", secret=secret)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0

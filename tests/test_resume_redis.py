@@ -152,6 +152,46 @@ async def test_a_resume_with_other_credentials_on_another_replica_is_refused(
     assert text_of(events[:3] + rest) == mock_text(TOKENS)
 
 
+async def test_with_a_resume_secret_the_stored_owner_is_useless_without_it(
+    mock: MockServer, start_sidecar: StartSidecar, redis_server: RedisServer
+) -> None:
+    import redis.asyncio as redis_asyncio
+
+    from streamwarden.resume import owner_digest
+
+    await redis_server.ready()
+    secret = {"resume_secret": "s" * 40}
+    settings = {"on_client_gone": "detach", "resume_store": redis_server.url}
+    first = await start_sidecar(mock.url, **settings, **secret)
+    second = await start_sidecar(mock.url, **settings, **secret)
+    other = await start_sidecar(mock.url, **settings, resume_secret="o" * 40)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT, headers=mock_headers("keyed"), json={"stream": True}
+        ) as response:
+            stream_id = response.headers[STREAM_ID_HEADER]
+            events = await read_events(response)
+    position = events[2].id or ""
+
+    async def stored() -> bool:  # the writer is off the hot path: wait for it
+        _, _, _, body = await resume(second.proxy_url, position)
+        return b"[DONE]" in body
+
+    await wait_until(stored, what="the stream reaches Redis, resumable on the other replica")
+    client = redis_asyncio.Redis.from_url(redis_server.url)
+    try:
+        kept = await client.hget(f"streamwarden:m:{stream_id}", "owner")
+    finally:
+        await client.aclose()
+    # The stored digest is not the one the credentials give without the secret.
+    assert kept is not None
+    assert kept.decode() != owner_digest(KEY.items(), stream_id)
+    assert kept.decode() == owner_digest(KEY.items(), stream_id, secret="s" * 40)
+    # A replica with another secret cannot tell the owner: as if unknown.
+    _, _, _, refused = await resume(other.proxy_url, position)
+    assert b"resume_expired" in refused
+
+
 async def test_redis_killed_mid_stream_leaves_the_live_stream_untouched(
     mock: MockServer, replicas: tuple[Sidecar, Sidecar], redis_server: RedisServer
 ) -> None:

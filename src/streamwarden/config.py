@@ -25,10 +25,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from streamwarden.dialects import DIALECT_NAMES
 from streamwarden.filters import BUILTIN_SETS, FilterError, FilterRule, FilterSet, compile_filters
+from streamwarden.headers import redact_url
 from streamwarden.relay import Limits
 
 __all__ = [
@@ -195,6 +204,20 @@ def _resume_store(value: object) -> str:
 
 
 ResumeStore = Annotated[str, BeforeValidator(_resume_store)]
+
+#: The shortest ``resume_secret`` taken: 32 characters (of a random token,
+#: ``openssl rand -hex 32`` gives 64).
+RESUME_SECRET_MIN = 32
+
+
+def _resume_secret(value: object) -> SecretStr:
+    text = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if isinstance(text, str) and (text == "" or len(text) >= RESUME_SECRET_MIN):
+        return SecretStr(text)
+    raise ValueError("resume_secret")
+
+
+ResumeSecret = Annotated[SecretStr, BeforeValidator(_resume_secret)]
 DialectName = Literal[
     "auto",
     "openai-chat",
@@ -216,9 +239,13 @@ _EXPECTED = {
     "readable_file": "is not a readable file",
     "networks": "is not a list of networks (e.g. 10.0.0.0/8, 127.0.0.1)",
     "resume_store": "is not a resume store (memory or redis://host:port/db)",
+    "resume_secret": f"must be at least {RESUME_SECRET_MIN} characters, or unset",
     "http_url": "is not an http(s) URL (e.g. http://127.0.0.1:8000/metrics)",
 }
 
+
+# Keys whose value is never shown, not even in an error about it.
+_SECRET_KEYS = frozenset({"resume_secret"})
 
 # The prefix of a filter's own error, shown after its place (output_filters.2).
 _FILTER_ERROR = "output filter: "
@@ -375,6 +402,11 @@ class Settings(BaseModel):
     #: More request headers, besides the built-in credential ones, whose
     #: values make the owner of a resumable stream.
     resume_owner_headers: tuple[str, ...] = ()
+    #: A secret that keys each stream's owner digest (with its stream id), so
+    #: that whoever can read or write the resume store cannot test guessed
+    #: credentials against it nor forge an owner. Give it to every replica
+    #: (``STREAMWARDEN_RESUME_SECRET``, from a Kubernetes Secret); never logged.
+    resume_secret: ResumeSecret = SecretStr("")
     #: ``auto``: ask an OpenAI-chat upstream for usage (``stream_options.
     #: include_usage``) on streams whose client did not, and take what that
     #: adds back out of the client's stream: exact token counts, unchanged
@@ -481,7 +513,11 @@ _KEYS = tuple(Settings.model_fields)
 def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> str:
     loc = ".".join(str(part) for part in error.get("loc", ()))
     value = error.get("input")
+    if isinstance(value, str) and "://" in value:
+        value = redact_url(value)  # a URL's password or query key never goes into the line
     shown = json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
+    if loc.rpartition(".")[2] in _SECRET_KEYS:
+        shown = "(the value given)"
     kind = error.get("type", "")
     if kind == "extra_forbidden":
         name = str(error["loc"][-1]) if error.get("loc") else loc

@@ -118,18 +118,24 @@ def resume_position(last_event_id: str | None, query_string: str) -> Position | 
 
 
 def owner_digest(
-    headers: Iterable[tuple[str, str]], stream_id: str, extra: Iterable[str] = ()
+    headers: Iterable[tuple[str, str]],
+    stream_id: str,
+    extra: Iterable[str] = (),
+    secret: str = "",
 ) -> str:
     """A keyed digest of the request's credentials, to compare a resume's with.
 
     The stream id keys it, so the store holds nothing that could be compared
-    with another stream's owner or looked up in a table of known keys.
+    with another stream's owner or looked up in a table of known keys. With
+    ``resume_secret`` the secret keys it too: whoever reads the store can then
+    not test guessed credentials against a digest, nor write one that passes.
     """
     names = set(OWNER_HEADERS)
     names.update(name.lower() for name in extra)
     seen = sorted((name.lower(), value.strip()) for name, value in headers if name.lower() in names)
     message = b"\0".join(f"{n}={v}".encode("utf-8", "surrogateescape") for n, v in seen)
-    return hmac.new(stream_id.encode(), message, hashlib.sha256).hexdigest()
+    key = stream_id.encode() if not secret else secret.encode() + b"\0" + stream_id.encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def same_owner(stored: str, presented: str) -> bool:

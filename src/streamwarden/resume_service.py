@@ -323,7 +323,9 @@ class ResumeService:
     # -- internals -----------------------------------------------------------------
 
     def _owner(self, headers: Headers, stream_id: str) -> str:
-        return owner_digest(headers, stream_id, self.settings.resume_owner_headers)
+        settings = self.settings
+        secret = settings.resume_secret.get_secret_value()
+        return owner_digest(headers, stream_id, settings.resume_owner_headers, secret)
 
     def _count(self, result: ResumeResult) -> None:
         if self.metrics is not None:

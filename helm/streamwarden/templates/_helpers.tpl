@@ -297,8 +297,10 @@ prometheus.io/path: /metrics
     {{- toYaml . | nindent 4 }}
     {{- end }}
   {{- $redisSecret := "" }}
+  {{- $ownerSecret := "" }}
   {{- with $v.resume }}{{- with .redis }}{{- $redisSecret = .existingSecret }}{{- end }}{{- end }}
-  {{- if or $v.sidecar.env $redisSecret }}
+  {{- with $v.resume }}{{- with .secret }}{{- $ownerSecret = .existingSecret }}{{- end }}{{- end }}
+  {{- if or $v.sidecar.env $redisSecret $ownerSecret }}
   env:
     {{- with $v.sidecar.env }}
     {{- toYaml . | nindent 4 }}
@@ -310,6 +312,14 @@ prometheus.io/path: /metrics
         secretKeyRef:
           name: {{ $redisSecret | quote }}
           key: {{ $v.resume.redis.secretKey | default "url" | quote }}
+    {{- end }}
+    {{- if $ownerSecret }}
+    # The key of resumable streams' owner digests: from a Secret, never the ConfigMap.
+    - name: STREAMWARDEN_RESUME_SECRET
+      valueFrom:
+        secretKeyRef:
+          name: {{ $ownerSecret | quote }}
+          key: {{ $v.resume.secret.secretKey | default "secret" | quote }}
     {{- end }}
   {{- end }}
   ports:
