@@ -178,6 +178,9 @@ class _Compiled:
     searchers: tuple[tuple[Any, dict[str, int] | int], ...]
     prefilter: re.Pattern[str] | None
     luhn_rules: frozenset[int]
+    #: Every pattern on its own, with its rule: to name the filter of a match
+    #: still open past its length (rare), which the combined search cannot.
+    alone: tuple[tuple[Any, int], ...] = ()
 
 
 class FilterSet:
@@ -226,6 +229,7 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
     heads: dict[tuple[str, str | None], set[str]] = {}
     all_headed = True
     luhn: set[int] = set()
+    alone_patterns: list[tuple[Any, int]] = []
     for index, (rule, pattern) in enumerate(patterns):
         if pattern.luhn:
             luhn.add(rule)
@@ -235,6 +239,7 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
             for head in pattern.heads:
                 heads.setdefault((head[0], pattern.not_after), set()).update(_continuations(head))
         alone = regex.compile(pattern.source)
+        alone_patterns.append((alone, rule))
         if alone.groups or alone.flags != _PLAIN_FLAGS:
             # Its own groups (and back-references) keep their numbers, and its
             # inline flags ((?i) ...) apply to it alone, searched on its own.
@@ -246,7 +251,7 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
     if combinable:
         searchers.insert(0, (regex.compile("|".join(combinable)), groups))
     prefilter = re.compile(_prefilter(heads)) if all_headed and heads else None
-    return _Compiled(tuple(searchers), prefilter, frozenset(luhn))
+    return _Compiled(tuple(searchers), prefilter, frozenset(luhn), tuple(alone_patterns))
 
 
 def _continuations(head: str) -> list[str]:
@@ -318,7 +323,67 @@ def _check_regex(rule: FilterRule) -> _Pattern:
             f"{_shown(rule.value)} has no bounded match length (at most {MAX_MATCH_LENGTH}):"
             " write {m,n} instead of +, * or {m,}, or give max_length"
         )
+    problem = _streaming_problem(rule.value)
+    if problem is not None:
+        raise FilterError(f"{_shown(rule.value)} {problem}")
     return _Pattern(rule.value, None)
+
+
+# Anchors mean nothing in a text that arrives in pieces: the matcher sees a
+# window of it, whose edges are not the answer's start or end.
+_ANCHORS = frozenset(
+    {
+        "AT_BEGINNING",
+        "AT_BEGINNING_LINE",
+        "AT_BEGINNING_STRING",
+        "AT_END",
+        "AT_END_LINE",
+        "AT_END_STRING",
+    }
+)
+
+
+def _streaming_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be matched on a stream's window, or ``None``.
+
+    The window keeps ``_CONTEXT`` characters before the undecided text, so a
+    look-behind may look that far back, no further.
+    """
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        parsed = _parser.parse(pattern)
+    except Exception:  # syntax only the regex module knows: not checked
+        return None
+
+    def walk(items: Any) -> str | None:
+        for op, arg in items:
+            name = str(op)
+            if name == "AT" and str(arg) in _ANCHORS:
+                return (
+                    "anchors to the start or end of the text (^, $, \\A, \\Z),"
+                    " which a stream's window of it does not see"
+                )
+            if name in ("ASSERT", "ASSERT_NOT"):
+                direction, sub = arg
+                if direction < 0 and int(sub.getwidth()[1]) > _CONTEXT:
+                    return f"has a look-behind longer than {_CONTEXT} characters"
+                found = walk(sub)
+            elif name in ("SUBPATTERN",):
+                found = walk(arg[-1])
+            elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                found = walk(arg[2])
+            elif name == "BRANCH":
+                found = next((f for f in (walk(b) for b in arg[1]) if f), None)
+            elif name == "ATOMIC_GROUP":
+                found = walk(arg)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    return walk(parsed)
 
 
 # -- the per-stream matcher ----------------------------------------------------
@@ -457,10 +522,13 @@ class Holdback(Generic[T]):
         items.append(_Held(item, start, end, size, now, False))
         self._held_size += size
         released = self._release(now)
-        for held in items:
-            if not held.held:
-                held.held = True
-                self.stats.held_bytes += held.size
+        # Events leave from the front and arrive at the back, so only the one
+        # just pushed can be unmarked: marking it alone keeps a push O(1) in
+        # the events waiting (a flood of pings behind a prefix is not O(n²)).
+        if items and not items[-1].held:
+            newest = items[-1]
+            newest.held = True
+            self.stats.held_bytes += newest.size
         if self._held_size > self._max_held:
             self.overflow = True
             items.clear()
@@ -504,12 +572,30 @@ class Holdback(Generic[T]):
             if start >= n:
                 pos = n
                 break
-            if not final and (m.partial or end == n) and n - start < bound:
-                pos = start  # could still begin (or grow) a match: wait for more text
+            if m.partial:
+                if not final and n - start <= bound:
+                    pos = start  # could still become a match: wait for more text
+                    break
+                # A match that ran past its filter's max_length (only a configured
+                # regex can): fail closed, as if it had ended here.
+                rule = _rule_of_partial(compiled, buf, start, rules)
+                if rule < 0:
+                    pos = start + 1
+                    continue
+                end = n
+            elif not final and n - start <= bound and (end == n or rules[rule].action == "redact"):
+                # A whole match may still grow (an optional part, a longer token,
+                # more digits that change the card check): decided once no longer
+                # one can start here, so where the text is cut into events never
+                # changes what is redacted. A block whose match the next character
+                # already ended needs no longer one: it ends the stream now.
+                pos = start
                 break
-            if m.partial or (rule in compiled.luhn_rules and not luhn_valid(buf[start:end])):
-                pos = start + 1  # longer than any match can be, or not a card number
-                continue
+            if rule in compiled.luhn_rules:
+                end = _card_end(buf, start, end)
+                if end < 0:
+                    pos = start + 1  # no card number starts here
+                    continue
             self._record(Match(self._base + start, self._base + end, rule), rules[rule])
             if self.blocked is not None:
                 pos = end
@@ -570,6 +656,40 @@ def _earliest(compiled: _Compiled, buf: str, pos: int, *, partial: bool) -> tupl
                 rule = next(iter(rules.values())) if isinstance(rules, dict) else rules
             best = (m, rule)
     return best
+
+
+def _card_end(buf: str, start: int, end: int) -> int:
+    """Where the longest Luhn-valid card number in ``buf[start:end]`` from ``start`` ends; -1: none.
+
+    The pattern takes the longest run of grouped digits, which may run on
+    into a date or a count ("4111 1111 1111 1111 12/25"): the number is the
+    longest prefix ending at a group's end that has 13 digits or more and
+    passes the check.
+    """
+    digits = 0
+    ends: list[int] = []
+    for i in range(start, end):
+        if buf[i].isdigit():
+            digits += 1
+            if digits >= 13 and (i + 1 == end or not buf[i + 1].isdigit()):
+                ends.append(i + 1)
+    for candidate in reversed(ends):
+        if luhn_valid(buf[start:candidate]):
+            return candidate
+    return -1
+
+
+def _rule_of_partial(compiled: _Compiled, buf: str, start: int, rules: Sequence[FilterRule]) -> int:
+    """Which filter a match still open at ``start`` belongs to (a ``block`` one first); -1: none."""
+    found = -1
+    for pattern, rule in compiled.alone:
+        m = pattern.match(buf, start, partial=True)
+        if m is not None and m.partial:
+            if rules[rule].action == "block":
+                return rule
+            if found < 0:
+                found = rule
+    return found
 
 
 def _cuts(start: int, end: int, matches: list[Match]) -> tuple[tuple[int, int, str], ...]:

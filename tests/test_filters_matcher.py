@@ -1,0 +1,141 @@
+"""The output filters' matcher against what a reviewer tried: cuts, cards, floods, long matches.
+
+Each case is decided on the whole text first; the same text cut into events
+at every place (or at the hostile one) must be decided the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from streamwarden.filters import REDACTED, FilterError, FilterRule, Holdback, compile_filters
+from streamwarden.meter import EndState
+from streamwarden.relay import Limits, Relay
+
+LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
+CARDS = (FilterRule("builtin", "cards", "redact", "cards"),)
+
+
+def _event(piece: str) -> bytes:
+    chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
+    return ("data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n").encode()
+
+
+def _relay(rules: tuple[FilterRule, ...]) -> Relay:
+    return Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/v1/chat/completions",
+        content_type="text/event-stream",
+        headers={},
+        filters=compile_filters(rules, False),
+    )
+
+
+def _answer(rules: tuple[FilterRule, ...], pieces: list[str]) -> tuple[str, Relay]:
+    """What a client reads of ``pieces`` (one event each) through the filters."""
+    r = _relay(rules)
+    out = b"".join(r.feed(_event(p), float(i)) for i, p in enumerate(pieces))
+    out += r.feed(b"data: [DONE]\n\n", 99.0) + r.upstream_eof(100.0)
+    text = ""
+    for block in out.split(b"\n\n"):
+        if block.startswith(b"data: {") and b'"choices"' in block:
+            text += json.loads(block[6:])["choices"][0]["delta"]["content"]
+    return text, r
+
+
+def _every_cut(text: str) -> list[list[str]]:
+    return [[text[:i], text[i:]] for i in range(1, len(text))]
+
+
+def test_a_match_that_could_still_grow_is_redacted_whole_wherever_the_text_is_cut() -> None:
+    rules = (FilterRule("regex", r"ACCT-\d{4}(?:-\d{4})?", "redact", "account"),)
+    text = "id ACCT-1234-5678 ok"
+    whole, _ = _answer(rules, [text])
+    assert whole == f"id {REDACTED} ok"
+    for pieces in [*_every_cut(text), list(text)]:
+        assert _answer(rules, pieces)[0] == whole, pieces
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Card: 4111 1111 1111 1111 12/25 thanks",
+        "4111111111111111 5 items",
+        "pay 4111-1111-1111-1111-77 now",
+    ],
+)
+def test_a_card_number_followed_by_more_digits_is_still_redacted(text: str) -> None:
+    whole, _ = _answer(CARDS, [text])
+    assert "4111" not in whole and REDACTED in whole
+    for pieces in [*_every_cut(text), list(text)]:
+        assert _answer(CARDS, pieces)[0] == whole, pieces
+
+
+def test_a_digit_run_that_is_no_card_number_passes_whatever_the_cuts() -> None:
+    text = "order 1234 5678 9012 3456 shipped"  # 16 digits, not Luhn-valid
+    for pieces in [[text], *_every_cut(text)]:
+        assert _answer(CARDS, pieces)[0] == text
+
+
+def test_a_block_match_that_runs_past_its_max_length_fails_closed() -> None:
+    # The configured bound says no match is longer than 24 characters; one is.
+    rules = (FilterRule("regex", r"BEGIN[^E]{1,200}END", "block", "envelope", 24),)
+    text = "x BEGIN" + "a" * 40 + "END y"
+    _, whole = _answer(rules, [text])
+    assert whole.end_state is EndState.BLOCKED
+    _, pieced = _answer(rules, [text[i : i + 4] for i in range(0, len(text), 4)])
+    assert pieced.end_state is EndState.BLOCKED
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        (r"^secret", "anchors"),
+        (r"secret$", "anchors"),
+        (r"\Asecret", "anchors"),
+        (r"(?<![a-z]{40})secret", "look-behind longer than"),
+    ],
+)
+def test_a_pattern_that_a_window_of_the_text_cannot_decide_is_refused(
+    pattern: str, why: str
+) -> None:
+    with pytest.raises(FilterError, match=why):
+        compile_filters((FilterRule("regex", pattern, "redact", "p"),), False)
+
+
+def _lines_run_in_push(holdback: Holdback[Any], frames: int) -> list[int]:
+    """Lines executed by each ``push`` of a comment frame while a prefix waits."""
+    counts: list[int] = []
+    push_code = Holdback.push.__code__
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code is push_code and event == "line":
+            counts[-1] += 1
+        return tracer
+
+    for _ in range(frames):
+        counts.append(0)
+        sys.settrace(tracer)
+        try:
+            holdback.push(None, "", 3, 0.0)
+        finally:
+            sys.settrace(None)
+    return counts
+
+
+def test_a_flood_of_events_behind_a_pending_prefix_costs_the_same_per_event() -> None:
+    holdback = compile_filters((FilterRule("builtin", "secrets", "block", "secrets"),), False)
+    assert holdback is not None
+    waiting = holdback.holdback(1 << 20)
+    assert waiting.push(None, "key: sk-", 8, 0.0) == []  # a prefix: it waits
+    counts = _lines_run_in_push(waiting, 300)
+    assert waiting.holding
+    # A push does the same work with 10 events waiting as with 300: not O(n) each.
+    assert counts[10] == counts[-1]
