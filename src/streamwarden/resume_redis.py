@@ -342,6 +342,8 @@ class RedisBackend:
     async def request_stop(self, stream_id: str) -> bool:
         # Every replica listens, so a publish always has receivers: a stream
         # whose end is stored has nothing left to stop (as with the memory store).
+        # The end is written off the hot path, so a stop in the instant after a
+        # stream ended may still be told 204; the replica then finds nothing to stop.
         events_key, _, _ = _keys(stream_id)
         last = _pairs(await self._call("XREVRANGE", events_key, "+", "-", "COUNT", 1))
         if last and _seq(last[0][0])[1] == 1:
