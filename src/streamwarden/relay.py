@@ -541,13 +541,13 @@ class Relay:
             terminal = False
             parts: list[str] | None = None
             if seen is not NOTHING:
-                if seen.usage_only and injected:
-                    continue  # the client never asked for it: never held, never sent
-                text = seen.text
                 if seen.output_tokens is not None:
                     meter.usage_tokens = seen.output_tokens
                 if seen.input_tokens is not None:
                     meter.input_tokens = seen.input_tokens
+                if seen.usage_only and injected:
+                    continue  # the client never asked for it: never held, never sent
+                text = seen.text
                 if seen.terminal:
                     self._terminal_seen = terminal = True
                     meter.usage_final = True
@@ -558,6 +558,9 @@ class Relay:
             if injected:
                 raw = without_usage_null(frame.raw)
                 if raw is not frame.raw:
+                    # The event too: a redaction re-serialises from its data, which
+                    # must not bring back the field the client never asked for.
+                    event = _without_usage_null(event)
                     frame = Frame(raw, event)
             filtered = text if parts is None else "".join(parts)
             released = holdback.push((frame, parts, text), filtered, len(frame.raw), now)
@@ -674,6 +677,12 @@ class Relay:
 #: read (``None``: the dialect's own text, read again only to redact), and the
 #: text the meter counts.
 _Waiting = tuple[Frame, list[str] | None, str]
+
+
+def _without_usage_null(event: Event) -> Event:
+    """The event whose data lost the ``"usage": null`` its raw bytes lost."""
+    data = without_usage_null(event.data.encode()).decode()
+    return Event(event.event, data, event.id)
 
 
 def _as_sent_without_injection(frames: list[Frame], hidden: list[Frame] | None) -> list[Frame]:
