@@ -75,6 +75,9 @@ def responses(pieces: list[str]) -> bytes:
     part = {"type": "output_text", "annotations": [], "text": text}
     item = {"id": "msg_1", "type": "message", "status": "completed", "content": [part]}
     out = [event("response.created", response={"id": "r1", "status": "in_progress", "output": []})]
+    added = {**item, "status": "in_progress", "content": [], "role": "assistant"}
+    out.append(event("response.output_item.added", output_index=0, item=added))
+    out.append(event("response.content_part.added", **where, part={**part, "text": ""}))
     out += [event("response.output_text.delta", **where, delta=p) for p in pieces]
     out.append(event("response.output_text.done", **where, text=text))
     out.append(event("response.content_part.done", **where, part=part))
