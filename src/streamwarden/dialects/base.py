@@ -166,7 +166,7 @@ def _load_json_stdlib(data: str) -> Any:
     """Parse an event's JSON data, or return ``None`` when it is not JSON."""
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser goes: not readable
         return None
 
 
