@@ -814,3 +814,29 @@ def test_tool_arguments_repeated_whole_are_filtered_when_tool_arguments_are() ->
         data = json.loads(event.data)
         if event.event == "response.function_call_arguments.done":
             assert json.loads(data["arguments"])["body"].startswith(f"naïve {REDACTED} café")
+
+
+@pytest.mark.parametrize(
+    ("name", "delta", "whole"),
+    [
+        # AI SDK 4: the c: deltas, then the 9: tool call with its args whole, as an object.
+        ("vercel_data_stream.txt", '"argsTextDelta":"ich"', '"args":{"city":"Zürich"}'),
+        # AI SDK 5: tool-input-delta, then tool-input-available with its input whole.
+        ("vercel_ui_message_stream.sse", '"inputTextDelta":"東京"', '"input":{"city":"東京"}'),
+    ],
+)
+def test_vercel_tool_input_repeated_whole_is_filtered_with_the_deltas(
+    name: str, delta: str, whole: str
+) -> None:
+    recorded = (_STREAMS / name).read_text()
+    city = whole.split('"city":"')[1].rstrip('"}')
+    stream = recorded.replace(delta, delta[:-1] + f' {SECRET}"', 1).replace(
+        whole, whole.replace(city, f"{city} {SECRET}"), 1
+    )
+    assert stream.count(SECRET) == 2
+    left = run(_recorded_relay(name, REDACT, False), [stream.encode()])
+    assert left == stream.encode()  # tool arguments are not read unless asked
+    out = run(_recorded_relay(name, REDACT, True), [stream.encode()])
+    assert _key_pieces_in(out) == [] and out.count(REDACTED.encode()) == 2
+    # The whole input says what the deltas say: the city, then [redacted].
+    assert f'"city":"{city} {REDACTED}"'.encode() in out
