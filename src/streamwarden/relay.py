@@ -26,8 +26,10 @@ text could begin a match waits (whole, with the events behind it) until
 the match is ruled out or made, and a redacted event is re-serialised by
 its dialect with only its text changed. Keep-alives still go out between
 whole events, and the journal and the meter see the events as the client
-gets them, when it gets them. A route without filters takes none of this
-path.
+gets them, when it gets them. A summary event that repeats whole texts
+(the Responses API's ``*.done`` events) has each of them filtered on its
+own, in one piece, never as more of the stream's text. A route without
+filters takes none of this path.
 """
 
 from __future__ import annotations

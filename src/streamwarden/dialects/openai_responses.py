@@ -5,7 +5,9 @@ Every event has an ``event:`` name equal to its data's ``type``:
 ``response.function_call_arguments.delta``, ... The stream ends with one of
 ``response.completed``, ``response.failed`` or ``response.incomplete``; the
 first and last carry ``response.usage.output_tokens``. A provider-side
-failure is ``response.failed`` or an ``error`` event.
+failure is ``response.failed`` or an ``error`` event. After its deltas,
+a text is sent again whole, in the ``*.done`` events, the output item and
+the final response: output filters read those as whole texts.
 
 openai-python raises ``APIError`` only when the data has a truthy ``error``
 object, so the synthesized ``event: error`` carries one beside the Responses
