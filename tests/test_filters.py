@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -748,21 +749,25 @@ def _responses_answer(stream: bytes) -> tuple[str, list[str]]:
     wholes: list[str] = []
     for event in SSEDecoder().feed(stream):
         data = json.loads(event.data)
-        if event.event == "response.output_text.delta":
+        kind = data["type"]
+        if kind == "response.output_text.delta":
             deltas += data["delta"]
-        elif event.event == "response.output_text.done":
+        elif kind == "response.output_text.done":
             wholes.append(data["text"])
-        elif event.event == "response.content_part.done":
+        elif kind == "response.content_part.done":
             wholes.append(data["part"]["text"])
-        elif event.event == "response.output_item.done":
+        elif kind == "response.output_item.done":
             wholes.append(data["item"]["content"][0]["text"])
-        elif event.event == "response.completed":
+        elif kind == "response.completed":
             wholes.append(data["response"]["output"][0]["content"][0]["text"])
     return deltas, wholes
 
 
-def test_the_responses_summary_events_carry_the_redacted_text_not_the_key() -> None:
+@pytest.mark.parametrize("named", [True, False])
+def test_the_responses_summary_events_carry_the_redacted_text_not_the_key(named: bool) -> None:
     stream = _responses_with_key()
+    if not named:  # a server that writes no event: lines (the type is in the data)
+        stream = re.sub(rb"^event: [^\n]*\n", b"", stream, flags=re.M)
     deltas, wholes = _responses_answer(stream)
     assert SECRET in deltas and wholes == [deltas] * 4  # the Responses API repeats it
     r = _recorded_relay("openai_responses_text.sse", REDACT, False)
