@@ -381,7 +381,7 @@ def test_a_key_whole_in_one_event_is_redacted_in_every_dialect(dialect: str) -> 
     line = f"key {SECRET} end"
     out = run(relay("ndjson" if dialect == "ndjson-json" else dialect, REDACT), [writer([line])])
     assert out == writer([f"key {REDACTED} end"])
-    assert SECRET[3:9].encode() not in out and SECRET[-6:].encode() not in out
+    assert _key_pieces_in(out) == []  # no part of the key's body
 
 
 def _with_usage_null(stream: bytes) -> bytes:
