@@ -12,6 +12,7 @@ import pytest
 
 from streamwarden.dialects import detect, sniff, stream_framing
 from streamwarden.dialects.gemini import Gemini
+from streamwarden.filters import FilterRule, compile_filters
 from streamwarden.relay import ErrorCode, Limits, Relay
 from streamwarden.sse import Event, LineFramer, SSEDecoder, SSEFramer
 
@@ -416,3 +417,32 @@ def test_the_providers_prompt_token_count_is_read(
     assert relay.feed(event, 1.0) == event
     assert relay.meter.input_tokens == 17
     assert relay.meter.usage_tokens == 5 or relay.meter.usage_tokens == 1  # message_start's 1
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+@pytest.mark.parametrize("filtered", [False, True])
+def test_data_nested_past_the_json_parsers_depth_is_passed_on_not_raised(
+    name: str, filtered: bool
+) -> None:
+    # orjson refuses it (ValueError) and the standard library's parser, tried next,
+    # raised RecursionError out of the relay: one hostile event broke the stream.
+    entry = MANIFEST[name]
+    nested = "[" * 100_000 + "]" * 100_000
+    if entry["framing"] == "lines":
+        event = (f"0:{nested}\n" if name.startswith("vercel") else f"{nested}\n").encode()
+    else:
+        event = f"data: {nested}\n\n".encode()
+    relay = relay_for(name)
+    if filtered:
+        rules = (FilterRule("builtin", "secrets", "redact", "secrets"),)
+        relay = Relay(
+            LIMITS,
+            started_at=0.0,
+            now=0.0,
+            path=entry["request_path"],
+            content_type=entry["content_type"],
+            headers=entry["headers"],
+            filters=compile_filters(rules, True),
+        )
+    assert relay.feed(event, 1.0) == event
+    assert not relay.done

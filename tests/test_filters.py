@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,27 @@ def anthropic(pieces: list[str]) -> bytes:
 
 
 def responses(pieces: list[str]) -> bytes:
-    kind = "response.output_text.delta"
-    out = [f"event: {kind}\ndata: {_json({'type': kind, 'delta': p})}\n\n" for p in pieces]
-    done = {"type": "response.completed", "response": {"usage": {"output_tokens": 3}}}
-    out.append(f"event: response.completed\ndata: {_json(done)}\n\n")
+    """As the Responses API writes it: the deltas, then the whole text again, four times."""
+
+    def event(kind: str, **data: Any) -> str:
+        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
+
+    text = "".join(pieces)
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    part = {"type": "output_text", "annotations": [], "text": text}
+    item = {"id": "msg_1", "type": "message", "status": "completed", "content": [part]}
+    out = [event("response.created", response={"id": "r1", "status": "in_progress", "output": []})]
+    added = {**item, "status": "in_progress", "content": [], "role": "assistant"}
+    out.append(event("response.output_item.added", output_index=0, item=added))
+    out.append(event("response.content_part.added", **where, part={**part, "text": ""}))
+    out += [event("response.output_text.delta", **where, delta=p) for p in pieces]
+    out.append(event("response.output_text.done", **where, text=text))
+    out.append(event("response.content_part.done", **where, part=part))
+    out.append(
+        event("response.output_item.done", output_index=0, item={**item, "role": "assistant"})
+    )
+    done = {"id": "r1", "status": "completed", "output": [item], "usage": {"output_tokens": 3}}
+    out.append(event("response.completed", response=done))
     return "".join(out).encode()
 
 
@@ -101,6 +119,16 @@ def generic(pieces: list[str]) -> bytes:
     return "".join(f"data: {p}\n\n" for p in pieces).encode()
 
 
+def text_lines(pieces: list[str]) -> bytes:
+    """NDJSON not in Ollama's shape, each line its own text (any line without ``done``)."""
+    return "".join(f"{p}\n" for p in pieces).encode()
+
+
+def json_lines(pieces: list[str]) -> bytes:
+    """NDJSON objects not in Ollama's shape: the filters read each line whole, as inspect does."""
+    return "".join(_json({"text": p}) + "\n" for p in pieces).encode()
+
+
 Writer = Callable[[list[str]], bytes]
 DIALECTS: dict[str, tuple[Writer, str, str, dict[str, str]]] = {
     "openai-chat": (openai_chat, "/v1/chat/completions", "text/event-stream", {}),
@@ -110,10 +138,18 @@ DIALECTS: dict[str, tuple[Writer, str, str, dict[str, str]]] = {
     "ndjson": (ollama, "/api/chat", "application/x-ndjson", {}),
     "vercel-ai": (vercel, "/api/chat", "text/plain", {"x-vercel-ai-data-stream": "v1"}),
     "generic": (generic, "/events", "text/event-stream", {}),
+    "ndjson-text": (text_lines, "/stream", "application/x-ndjson", {}),
 }
+LINES = ("ndjson", "vercel-ai", "ndjson-text")
 
 
-def relay(dialect: str, rules: tuple[FilterRule, ...] = (), tools: bool = False) -> Relay:
+def relay(
+    dialect: str,
+    rules: tuple[FilterRule, ...] = (),
+    tools: bool = False,
+    *,
+    injected_usage: bool = False,
+) -> Relay:
     _, path, content_type, headers = DIALECTS[dialect]
     return Relay(
         LIMITS,
@@ -123,6 +159,7 @@ def relay(dialect: str, rules: tuple[FilterRule, ...] = (), tools: bool = False)
         content_type=content_type,
         headers=headers,
         filters=compile_filters(rules, tools),
+        injected_usage=injected_usage,
     )
 
 
@@ -192,7 +229,7 @@ def test_a_secret_split_across_events_is_redacted_and_every_other_byte_is_unchan
     # One read, and one event per read.
     assert run(r, [stream]) == expected
     assert r.end_state is EndState.COMPLETED
-    frames = SSEDecoder().feed(stream) if dialect not in ("ndjson", "vercel-ai") else None
+    frames = SSEDecoder().feed(stream) if dialect not in LINES else None
     one_by_one = relay(dialect, REDACT)
     reads = [f.encode() for f in _events_of(stream, dialect)]
     assert run(one_by_one, reads) == expected
@@ -204,7 +241,7 @@ def test_a_secret_split_across_events_is_redacted_and_every_other_byte_is_unchan
 
 def _events_of(stream: bytes, dialect: str) -> list[str]:
     text = stream.decode()
-    if dialect in ("ndjson", "vercel-ai"):
+    if dialect in LINES:
         return text.splitlines(keepends=True)
     sep = "\r\n\r\n" if dialect == "gemini" else "\n\n"
     return [part + sep for part in text.split(sep)[:-1]]
@@ -249,9 +286,9 @@ def test_a_block_match_ends_the_stream_with_content_blocked_after_the_events_bef
 def _before(writer: Writer, pieces: list[str], dialect: str) -> bytes:
     """The bytes a writer sends before the event of the first piece not in ``pieces``."""
     events = _events_of(writer([*pieces, "."]), dialect)
-    closing = {"openai-chat": 1, "anthropic": 2, "openai-responses": 1, "ndjson": 1}
+    closing = {"openai-chat": 1, "anthropic": 2, "openai-responses": 4, "ndjson": 1}
     kept = events[: len(events) - closing.get(dialect, 0 if dialect == "gemini" else 1) - 1]
-    if dialect == "generic":
+    if dialect in ("generic", "ndjson-text"):
         kept = events[:-1]
     return "".join(kept).encode()
 
@@ -335,6 +372,39 @@ def test_tool_call_arguments_are_filtered_only_when_configured() -> None:
     out = run(relay("openai-chat", REDACT, tools=True), [stream])
     args = json.loads(SSEDecoder().feed(out)[0].data)["choices"][0]["delta"]["tool_calls"][0]
     assert json.loads(args["function"]["arguments"]) == {"key": REDACTED}
+
+
+@pytest.mark.parametrize("dialect", [*DIALECTS, "ndjson-json"])
+def test_a_key_whole_in_one_event_is_redacted_in_every_dialect(dialect: str) -> None:
+    # ndjson-json: lines in no Ollama shape are read whole, as text, and redacted there.
+    writer = json_lines if dialect == "ndjson-json" else DIALECTS[dialect][0]
+    line = f"key {SECRET} end"
+    out = run(relay("ndjson" if dialect == "ndjson-json" else dialect, REDACT), [writer([line])])
+    assert out == writer([f"key {REDACTED} end"])
+    assert _key_pieces_in(out) == []  # no part of the key's body
+
+
+def _with_usage_null(stream: bytes) -> bytes:
+    """A Chat Completions stream as the upstream sends it when asked for usage."""
+    chunks = stream.replace(b"]}\n\n", b'],"usage":null}\n\n')
+    usage = b'data: {"id":"c1","choices":[],"usage":{"completion_tokens":3}}\n\n'
+    return chunks.replace(b"data: [DONE]", usage + b"data: [DONE]")
+
+
+def test_with_usage_injection_a_redacted_event_gains_no_usage_field() -> None:
+    pieces = split_secret(TEXT, SECRET, 3)
+    upstream = _with_usage_null(openai_chat(pieces))
+    assert upstream.count(b'"usage":null') == len(pieces)
+
+    def injected(rules: tuple[FilterRule, ...]) -> Relay:  # as usage_injection: auto makes it
+        return relay("openai-chat", rules, injected_usage=True)
+
+    # Unfiltered, the client gets the stream as if it had never asked for usage...
+    assert run(injected(()), [upstream]) == openai_chat(pieces)
+    # ...and redacted, that same stream with only the text changed.
+    r = injected(REDACT)
+    assert run(r, [upstream]) == openai_chat(redacted_pieces(pieces, SECRET))
+    assert r.meter.usage_tokens == 3
 
 
 def test_cards_are_luhn_checked() -> None:
@@ -644,3 +714,134 @@ def test_the_readme_example_is_a_valid_config(tmp_path: Path) -> None:
     settings = load_settings(example, environ={})
     filters = settings.for_path("/v1/chat/completions").output_filters
     assert filters is not None and len(filters.rules) == 5
+
+
+# -- summary events that repeat the whole text ------------------------------------------------
+
+
+def _key_pieces_in(out: bytes) -> list[str]:
+    """The six-character pieces of the key's body (past ``sk-proj-``) that ``out`` holds."""
+    body = SECRET[8:]
+    text = out.decode()
+    return [body[i : i + 6] for i in range(len(body) - 5) if body[i : i + 6] in text]
+
+
+def _responses_with_key() -> bytes:
+    """The recorded Responses stream with the key written into its answer, over two deltas.
+
+    The deltas carry it in two pieces; ``response.output_text.done``,
+    ``response.content_part.done``, ``response.output_item.done`` and
+    ``response.completed`` each carry the whole text again.
+    """
+    recorded = (_STREAMS / "openai_responses_text.sse").read_text()
+    stream = (
+        recorded.replace('"delta":"ïve"', f'"delta":"ïve {SECRET[:12]}"')
+        .replace('"delta":" café"', f'"delta":"{SECRET[12:]} café"')
+        .replace("naïve café", f"naïve {SECRET} café")
+    )
+    assert stream.count(SECRET) == 4 and stream.count(SECRET[12:]) == 5
+    return stream.encode()
+
+
+def _responses_answer(stream: bytes) -> tuple[str, list[str]]:
+    """The deltas' text, and every whole text the summary events carry (what the SDK reads)."""
+    deltas = ""
+    wholes: list[str] = []
+    for event in SSEDecoder().feed(stream):
+        data = json.loads(event.data)
+        kind = data["type"]
+        if kind == "response.output_text.delta":
+            deltas += data["delta"]
+        elif kind == "response.output_text.done":
+            wholes.append(data["text"])
+        elif kind == "response.content_part.done":
+            wholes.append(data["part"]["text"])
+        elif kind == "response.output_item.done":
+            wholes.append(data["item"]["content"][0]["text"])
+        elif kind == "response.completed":
+            wholes.append(data["response"]["output"][0]["content"][0]["text"])
+    return deltas, wholes
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_the_responses_summary_events_carry_the_redacted_text_not_the_key(named: bool) -> None:
+    stream = _responses_with_key()
+    if not named:  # a server that writes no event: lines (the type is in the data)
+        stream = re.sub(rb"^event: [^\n]*\n", b"", stream, flags=re.M)
+    deltas, wholes = _responses_answer(stream)
+    assert SECRET in deltas and wholes == [deltas] * 4  # the Responses API repeats it
+    r = _recorded_relay("openai_responses_text.sse", REDACT, False)
+    out = run(r, [stream])
+    assert r.end_state is EndState.COMPLETED
+    assert _key_pieces_in(out) == []  # no part of the key, anywhere
+    deltas, wholes = _responses_answer(out)
+    assert REDACTED in deltas and wholes == [deltas] * 4
+    # Each summary event differs from the upstream's only in its text.
+    sent = SSEDecoder().feed(stream)
+    for before, after in zip(sent, SSEDecoder().feed(out), strict=True):
+        assert after.event == before.event
+        assert after.data == before.data.replace(SECRET, REDACTED).replace(
+            SECRET[:12], REDACTED
+        ).replace(SECRET[12:], "")
+    # One match counted, not one per repetition.
+    assert r.meter.filters is not None
+    assert r.meter.filters.matches == {("secrets", "redact"): 1}
+
+
+def test_a_key_only_a_summary_event_carries_is_blocked_or_redacted_there() -> None:
+    # An upstream whose deltas never carried it: the whole text is filtered on its own.
+    stream = responses(["the key is ", "not here"]).replace(
+        b'"text":"the key is not here"', f'"text":"the key is {SECRET}"'.encode()
+    )
+    assert stream.count(SECRET.encode()) == 4
+    r = relay("openai-responses", REDACT)
+    out = run(r, [stream])
+    assert r.end_state is EndState.COMPLETED
+    assert _key_pieces_in(out) == [] and out.count(REDACTED.encode()) == 4
+    blocked = relay("openai-responses", BLOCK)
+    out = run(blocked, [stream])
+    assert blocked.end_state is EndState.BLOCKED and blocked.meter.error_code == "content_blocked"
+    assert _key_pieces_in(out) == [] and b"(secrets) blocked" in out
+    assert out.startswith(b"".join(e.encode() for e in _events_of(stream, "openai-responses")[:3]))
+
+
+def test_tool_arguments_repeated_whole_are_filtered_when_tool_arguments_are() -> None:
+    recorded = (_STREAMS / "openai_responses_tool_call.sse").read_text()
+    # Only in the whole arguments (the deltas cut "naïve café" in pieces): the .done
+    # event, the output item and the response carry it.
+    stream = recorded.replace("naïve café", f"naïve {SECRET} café").encode()
+    assert stream.count(SECRET.encode()) == 3
+    left = run(_recorded_relay("openai_responses_tool_call.sse", REDACT, False), [stream])
+    assert left == stream  # tool arguments are not read unless asked
+    out = run(_recorded_relay("openai_responses_tool_call.sse", REDACT, True), [stream])
+    assert _key_pieces_in(out) == [] and out.count(REDACTED.encode()) == 3
+    for event in SSEDecoder().feed(out):  # and the arguments are still JSON
+        data = json.loads(event.data)
+        if event.event == "response.function_call_arguments.done":
+            assert json.loads(data["arguments"])["body"].startswith(f"naïve {REDACTED} café")
+
+
+@pytest.mark.parametrize(
+    ("name", "delta", "whole"),
+    [
+        # AI SDK 4: the c: deltas, then the 9: tool call with its args whole, as an object.
+        ("vercel_data_stream.txt", '"argsTextDelta":"ich"', '"args":{"city":"Zürich"}'),
+        # AI SDK 5: tool-input-delta, then tool-input-available with its input whole.
+        ("vercel_ui_message_stream.sse", '"inputTextDelta":"東京"', '"input":{"city":"東京"}'),
+    ],
+)
+def test_vercel_tool_input_repeated_whole_is_filtered_with_the_deltas(
+    name: str, delta: str, whole: str
+) -> None:
+    recorded = (_STREAMS / name).read_text()
+    city = whole.split('"city":"')[1].rstrip('"}')
+    stream = recorded.replace(delta, delta[:-1] + f' {SECRET}"', 1).replace(
+        whole, whole.replace(city, f"{city} {SECRET}"), 1
+    )
+    assert stream.count(SECRET) == 2
+    left = run(_recorded_relay(name, REDACT, False), [stream.encode()])
+    assert left == stream.encode()  # tool arguments are not read unless asked
+    out = run(_recorded_relay(name, REDACT, True), [stream.encode()])
+    assert _key_pieces_in(out) == [] and out.count(REDACTED.encode()) == 2
+    # The whole input says what the deltas say: the city, then [redacted].
+    assert f'"city":"{city} {REDACTED}"'.encode() in out

@@ -31,12 +31,14 @@ from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.sidecar import Sidecar
 from test_filters import SECRET, TEXT, _events_of, openai_chat, redacted_pieces, split_secret
 from test_filters import anthropic as anthropic_stream
+from test_filters import responses as responses_stream
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 PIECES = split_secret(TEXT, SECRET, 3)
 CHAT = openai_chat(PIECES)
 MESSAGES = anthropic_stream(PIECES)
+RESPONSES = responses_stream(PIECES)
 REDACT = [{"builtin": "secrets", "action": "redact"}]
 BLOCK = [{"builtin": "secrets", "action": "block"}]
 ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "key?"}]}
@@ -55,12 +57,16 @@ class FixedUpstream:
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_post("/v1/messages", self.messages)
+        self.app.router.add_post("/v1/responses", self.responses)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, CHAT, "openai-chat")
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, MESSAGES, "anthropic")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, RESPONSES, "openai-responses")
 
     async def _serve(self, request: web.Request, stream: bytes, dialect: str) -> web.StreamResponse:
         await request.read()
@@ -118,6 +124,25 @@ async def messages_text(base: str) -> str:
         return text
 
 
+async def responses_answer(base: str) -> tuple[str, str, str]:
+    """The Responses API's answer as the SDK gives it: the deltas, and the final response's
+    ``output_text`` both from ``responses.create(stream=True)`` and ``responses.stream``."""
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k")
+    async with client:
+        stream = await client.responses.create(model="m", input="key?", stream=True)
+        deltas = final = ""
+        async for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas += event.delta
+            elif event.type == "response.completed":
+                final = event.response.output_text
+        async with client.responses.stream(model="m", input="key?") as helper:
+            async for _ in helper:
+                pass
+            accumulated = (await helper.get_final_response()).output_text
+        return deltas, final, accumulated
+
+
 async def raw(base: str, path: str = "/v1/chat/completions") -> bytes:
     async with httpx.AsyncClient(timeout=10) as client:
         return (await client.post(base + path, json=ASK)).content
@@ -148,6 +173,24 @@ async def test_the_sdks_read_the_key_without_filters_and_redacted_through_the_si
     metrics = sidecar.metrics.render().decode()
     assert 'streamwarden_filter_matches_total{action="redact",filter="secrets"} 3.0' in metrics
     assert "streamwarden_filter_holdback_seconds_count" in metrics
+
+
+async def test_the_responses_sdk_reads_the_redacted_text_in_the_final_response_too(
+    upstream: tuple[FixedUpstream, str], start_sidecar: StartSidecar
+) -> None:
+    _, url = upstream
+    # The API repeats the whole text in its summary events and in the final response.
+    assert await responses_answer(url) == ("".join(PIECES),) * 3
+    sidecar = await start_sidecar(url, output_filters=REDACT)
+    assert await responses_answer(sidecar.proxy_url) == (EXPECTED_TEXT,) * 3
+    body = await raw(sidecar.proxy_url, "/v1/responses")
+    assert body == responses_stream(redacted_pieces(PIECES, SECRET))
+    assert SECRET[8:14].encode() not in body and SECRET[-6:].encode() not in body
+    await wait_for(lambda: len(sidecar.tracker.finished) == 3)
+    assert {s.meter.end_state for s in sidecar.tracker.finished} == {EndState.COMPLETED}
+    # One match per stream, not one per repetition.
+    metrics = sidecar.metrics.render().decode()
+    assert 'streamwarden_filter_matches_total{action="redact",filter="secrets"} 3.0' in metrics
 
 
 async def test_a_block_raises_in_the_sdks_closes_the_upstream_and_ends_blocked(

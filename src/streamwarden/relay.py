@@ -26,8 +26,10 @@ text could begin a match waits (whole, with the events behind it) until
 the match is ruled out or made, and a redacted event is re-serialised by
 its dialect with only its text changed. Keep-alives still go out between
 whole events, and the journal and the meter see the events as the client
-gets them, when it gets them. A route without filters takes none of this
-path.
+gets them, when it gets them. A summary event that repeats whole texts
+(the Responses API's ``*.done`` events) has each of them filtered on its
+own, in one piece, never as more of the stream's text. A route without
+filters takes none of this path.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stream_framing
-from streamwarden.filters import FilterSet, Holdback, Released, apply_cuts
+from streamwarden.filters import FilterRule, FilterSet, Holdback, Released, apply_cuts
 from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.refusals import refusal_body
 from streamwarden.resume import Journal, strip_ids
@@ -523,6 +525,7 @@ class Relay:
         out: list[Frame] = []
         events = 0  # of the frames in out
         arrived = 0
+        blocked_by: FilterRule | None = None  # a block match in a whole text
         for frame in frames:
             event = frame.event
             if event is None:  # a comment or a stray line: it keeps its place
@@ -541,13 +544,28 @@ class Relay:
             terminal = False
             parts: list[str] | None = None
             if seen is not NOTHING:
-                if seen.usage_only and injected:
-                    continue  # the client never asked for it: never held, never sent
-                text = seen.text
                 if seen.output_tokens is not None:
                     meter.usage_tokens = seen.output_tokens
                 if seen.input_tokens is not None:
                     meter.input_tokens = seen.input_tokens
+                if seen.usage_only and injected:
+                    continue  # the client never asked for it: never held, never sent
+            if injected:
+                raw = without_usage_null(frame.raw)
+                if raw is not frame.raw:
+                    # The event too: a redaction re-serialises from its data, which
+                    # must not bring back the field the client never asked for.
+                    event = _without_usage_null(event)
+                    frame = Frame(raw, event)
+            if dialect.repeats_text(event):  # a summary with whole texts: filtered as wholes
+                whole = self._whole_texts_filtered(frame, event)
+                if isinstance(whole, FilterRule):
+                    blocked_by = whole
+                    break
+                frame = whole
+                event = whole.event or event
+            if seen is not NOTHING:
+                text = seen.text
                 if seen.terminal:
                     self._terminal_seen = terminal = True
                     meter.usage_final = True
@@ -555,10 +573,6 @@ class Relay:
                     meter.upstream_reported_error = True
                 if seen.tools:  # tool-call arguments: the filters read this one themselves
                     parts = dialect.filter_text(event, tools)
-            if injected:
-                raw = without_usage_null(frame.raw)
-                if raw is not frame.raw:
-                    frame = Frame(raw, event)
             filtered = text if parts is None else "".join(parts)
             released = holdback.push((frame, parts, text), filtered, len(frame.raw), now)
             if released is None:  # nothing waits and nothing matched: out as it came
@@ -574,9 +588,39 @@ class Relay:
                 break
         meter.events_in += arrived
         written = self._emit(out, events, now) if out else b""
+        if blocked_by is not None:
+            return written + self._block(now, blocked_by)
         if holdback.blocked is not None or holdback.overflow:
             return written + self._block(now)
         return written
+
+    def _whole_texts_filtered(self, frame: Frame, event: Event) -> Frame | FilterRule:
+        """A summary event with each whole text it repeats filtered on its own.
+
+        The frame as it came when no filter matches, the rewritten frame when
+        one redacts, or the rule of a ``block`` match. A match here repeats
+        one the deltas already had (counted there), except a block: the
+        deltas never carried that text, or the stream would have ended.
+        """
+        filters = self._filters
+        assert filters is not None
+        root, places = self._dialect.whole_texts(event, filters.tool_arguments)
+        changed = False
+        for container, key in places:
+            text = container[key]
+            if not text:
+                continue
+            cuts, blocked = _filter_whole(filters, text)
+            if blocked is not None:
+                return blocked
+            if cuts:
+                container[key] = apply_cuts([text], cuts)[0]
+                changed = True
+        if not changed:
+            return frame
+        data = self._dialect.dump_data(event, root)
+        raw = with_data(frame.raw, data, lines=self._framing == "lines")
+        return Frame(raw, Event(event.event, data, event.id))
 
     def _take(self, released: list[Released[_Waiting]] | None, out: list[Frame], now: float) -> int:
         """Append the events the hold-back let go to ``out``, redacted; return how many."""
@@ -623,11 +667,18 @@ class Relay:
             return written + self._block(now)
         return written
 
-    def _block(self, now: float) -> bytes:
+    def _block(self, now: float, rule: FilterRule | None = None) -> bytes:
+        """End the stream ``content_blocked``: a block match (``rule``: in a whole text)."""
         holdback = self._holdback
         assert holdback is not None
-        if holdback.blocked is not None:
-            reason = f"an output filter ({holdback.blocked.name}) blocked the answer"
+        if rule is not None:
+            matches = holdback.stats.matches
+            key = (rule.name, rule.action)
+            matches[key] = matches.get(key, 0) + 1
+        else:
+            rule = holdback.blocked
+        if rule is not None:
+            reason = f"an output filter ({rule.name}) blocked the answer"
         else:  # overflow: fail closed rather than let a split match through
             reason = (
                 "the events held back by the output filters, waiting for a possible match,"
@@ -674,6 +725,30 @@ class Relay:
 #: read (``None``: the dialect's own text, read again only to redact), and the
 #: text the meter counts.
 _Waiting = tuple[Frame, list[str] | None, str]
+
+
+def _filter_whole(
+    filters: FilterSet, text: str
+) -> tuple[tuple[tuple[int, int, str], ...], FilterRule | None]:
+    """The cuts the filters make in a complete text, read in one go, or the rule that blocks it.
+
+    A matcher of its own, closed at once: the text is decided as it stands,
+    as the stream's text is at its end, and the stream's matcher never sees it.
+    """
+    matcher: Holdback[None] = filters.holdback(len(text.encode()) + 1)
+    released = matcher.push(None, text, 0, 0.0)
+    if released is None:  # no match and no prefix: nothing to cut
+        return (), None
+    released += matcher.close(0.0)
+    if matcher.blocked is not None:
+        return (), matcher.blocked
+    return (released[0].cuts if released else ()), None
+
+
+def _without_usage_null(event: Event) -> Event:
+    """The event whose data lost the ``"usage": null`` its raw bytes lost."""
+    data = without_usage_null(event.data.encode()).decode()
+    return Event(event.event, data, event.id)
 
 
 def _as_sent_without_injection(frames: list[Frame], hidden: list[Frame] | None) -> list[Frame]:

@@ -125,6 +125,29 @@ class Dialect:
         root = self.load_data(event)
         return [c[k] for c, k in self.text_places(root, event, tool_arguments)]
 
+    # Some formats send, after a text's deltas, the whole text again in a
+    # summary event (the Responses API's ``*.done`` events and its final
+    # response). Such a text is complete, not more of the stream's text: the
+    # filters read each one on its own, in one go, and it is rewritten with
+    # what they decide, so that it says what the redacted deltas said.
+
+    def repeats_text(self, event: Event) -> bool:
+        """Whether ``event`` may carry a whole text again (a cheap check, by its name)."""
+        return False
+
+    def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        """Where ``root`` (the data of an event that :meth:`repeats_text`) holds whole texts."""
+        return []
+
+    def whole_texts(self, event: Event, tool_arguments: bool) -> tuple[Any, list[Place]]:
+        """The event's data, for :meth:`dump_data`, and the places of its whole texts.
+
+        Parsed with the standard library, which keeps every number exactly as
+        it was, since the data is dumped again when a text changes.
+        """
+        root = self.load_data(event, _load_json_stdlib)
+        return root, self.whole_text_places(root, event, tool_arguments)
+
     def rewrite_text(self, event: Event, tool_arguments: bool, parts: list[str]) -> str:
         """The event's data with its text parts replaced by ``parts``, all else unchanged.
 
@@ -143,7 +166,7 @@ def _load_json_stdlib(data: str) -> Any:
     """Parse an event's JSON data, or return ``None`` when it is not JSON."""
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser goes: not readable
         return None
 
 

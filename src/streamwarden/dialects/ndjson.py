@@ -69,18 +69,17 @@ class NDJSON(Dialect):
 
     def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
         # The same text as inspect: a line in Ollama's shape has its content
-        # and thinking; any other line is text as a whole.
-        if not isinstance(root, dict) or "done" not in root:
-            return [(_whole(root, event), 0)]
+        # and thinking; any other line is text as a whole (see load_data).
+        if isinstance(root, RawText):
+            return [(root, 0)] if root[0] else []
         message = root.get("message")
         holder = message if isinstance(message, dict) else root
         fields = ("content", "thinking") if holder is message else ("response", "thinking")
         return [(holder, f) for f in fields if isinstance(holder.get(f), str)]
 
     def load_data(self, event: Event, loads: Any = None) -> Any:
+        # Only a line in Ollama's shape is read as JSON; any other line, an
+        # object without "done" too, is its own text, kept as the line itself,
+        # so that a redaction is made in what is dumped again.
         root = super().load_data(event, loads)
-        return root if isinstance(root, dict) else RawText([event.data])
-
-
-def _whole(root: Any, event: Event) -> RawText:
-    return root if isinstance(root, RawText) else RawText([event.data])
+        return root if isinstance(root, dict) and "done" in root else RawText([event.data])

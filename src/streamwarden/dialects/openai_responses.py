@@ -5,7 +5,9 @@ Every event has an ``event:`` name equal to its data's ``type``:
 ``response.function_call_arguments.delta``, ... The stream ends with one of
 ``response.completed``, ``response.failed`` or ``response.incomplete``; the
 first and last carry ``response.usage.output_tokens``. A provider-side
-failure is ``response.failed`` or an ``error`` event.
+failure is ``response.failed`` or an ``error`` event. After its deltas,
+a text is sent again whole, in the ``*.done`` events, the output item and
+the final response: output filters read those as whole texts.
 
 openai-python raises ``APIError`` only when the data has a truthy ``error``
 object, so the synthesized ``event: error`` carries one beside the Responses
@@ -43,6 +45,32 @@ _TOOL_DELTAS = frozenset(
     {"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"}
 )
 _ENDINGS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+# The events that carry a text again, whole, after its deltas: the field, and
+# whether it is tool-call arguments.
+_DONE_TEXTS = {
+    "response.output_text.done": ("text", False),
+    "response.refusal.done": ("refusal", False),
+    "response.reasoning_text.done": ("text", False),
+    "response.reasoning_summary_text.done": ("text", False),
+    "response.function_call_arguments.done": ("arguments", True),
+    "response.custom_tool_call_input.done": ("input", True),
+}
+# A content or summary part (``part``), an output item (``item``), the response
+# (``response.output``): normally empty when added, whole when done.
+_PART_EVENTS = frozenset(
+    {
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_part.done",
+    }
+)
+_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
+_RESPONSE_EVENTS = _ENDINGS | {"response.created", "response.in_progress", "response.queued"}
+_REPEATS = frozenset(_DONE_TEXTS) | _PART_EVENTS | _ITEM_EVENTS | _RESPONSE_EVENTS
+# The tool-call arguments of an output item, by its type (as the deltas stream them).
+_ITEM_ARGUMENTS = {"function_call": "arguments", "custom_tool_call": "input"}
 
 
 class OpenAIResponses(Dialect):
@@ -92,6 +120,58 @@ class OpenAIResponses(Dialect):
             return []
         return [(root, "delta")] if isinstance(root.get("delta"), str) else []
 
+    def repeats_text(self, event: Event) -> bool:
+        kind = event.event
+        if kind == "message":
+            obj = load_json(event.data)
+            kind = str(obj.get("type", "")) if isinstance(obj, dict) else ""
+        return kind in _REPEATS
+
+    def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        if not isinstance(root, dict):
+            return []
+        kind = event.event if event.event != "message" else str(root.get("type", ""))
+        done = _DONE_TEXTS.get(kind)
+        if done is not None:
+            field, tools = done
+            if tools and not tool_arguments:
+                return []
+            return [(root, field)] if isinstance(root.get(field), str) else []
+        places: list[Place] = []
+        if kind in _PART_EVENTS:
+            _part_places(root.get("part"), places)
+        elif kind in _ITEM_EVENTS:
+            _item_places(root.get("item"), tool_arguments, places)
+        elif kind in _RESPONSE_EVENTS:
+            response = root.get("response")
+            output = response.get("output") if isinstance(response, dict) else None
+            if isinstance(output, list):
+                for item in output:
+                    _item_places(item, tool_arguments, places)
+        return places
+
     @classmethod
     def sniff(cls, event: Event) -> bool:
         return event.event.startswith("response.")
+
+
+def _part_places(part: Any, places: list[Place]) -> None:
+    """A content part's text (``output_text``, ``reasoning_text``, ``summary_text``) or refusal."""
+    if isinstance(part, dict):
+        for field in ("text", "refusal"):
+            if isinstance(part.get(field), str):
+                places.append((part, field))
+
+
+def _item_places(item: Any, tool_arguments: bool, places: list[Place]) -> None:
+    """An output item's texts: a message's content, a reasoning's summary and content."""
+    if not isinstance(item, dict):
+        return
+    for field in ("content", "summary"):
+        parts = item.get(field)
+        if isinstance(parts, list):
+            for part in parts:
+                _part_places(part, places)
+    arguments = _ITEM_ARGUMENTS.get(str(item.get("type"))) if tool_arguments else None
+    if arguments is not None and isinstance(item.get(arguments), str):
+        places.append((item, arguments))

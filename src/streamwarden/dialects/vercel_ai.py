@@ -94,6 +94,16 @@ class VercelDataStream(Dialect):
             return [(value, "argsTextDelta")] if isinstance(value.get("argsTextDelta"), str) else []
         return []
 
+    # The 9: tool call repeats, whole, the arguments the c: deltas streamed.
+    def repeats_text(self, event: Event) -> bool:
+        return event.data.startswith("9:")
+
+    def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind, value = root
+        if kind != "9" or not tool_arguments or not isinstance(value, dict):
+            return []
+        return _argument_places(value, "args")
+
 
 class VercelUIMessageStream(Dialect):
     __slots__ = ()
@@ -138,3 +148,47 @@ class VercelUIMessageStream(Dialect):
         if field is None or (kind == "tool-input-delta" and not tool_arguments):
             return []
         return [(root, field)] if isinstance(root.get(field), str) else []
+
+    # tool-input-available (and tool-input-error) repeats, whole, the input
+    # the tool-input-delta parts streamed. A cheap look first: most parts are deltas.
+    def repeats_text(self, event: Event) -> bool:
+        return '"tool-input-' in event.data and '"inputTextDelta"' not in event.data
+
+    def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind = root.get("type") if isinstance(root, dict) else None
+        if kind not in _UI_WHOLE_INPUTS or not tool_arguments:
+            return []
+        return _argument_places(root, "input")
+
+
+_UI_WHOLE_INPUTS = frozenset({"tool-input-available", "tool-input-error"})
+
+
+def _argument_places(holder: dict[str, Any], field: str) -> list[Place]:
+    """The strings in ``holder[field]``: tool arguments as text, or every string in the object.
+
+    The deltas streamed the arguments as JSON text; the whole arguments are
+    the parsed object, whose every string value is filtered on its own (a
+    key lies within one value). Walked with a stack, not recursion: the
+    nesting is the upstream's to choose.
+    """
+    value = holder.get(field)
+    if isinstance(value, str):
+        return [(holder, field)]
+    places: list[Place] = []
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        items = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
+        for key, child in items:
+            if isinstance(child, str):
+                places.append((node, key))
+            elif isinstance(child, (dict, list)):
+                stack.append(child)
+    return places
