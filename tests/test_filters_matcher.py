@@ -139,3 +139,76 @@ def test_a_flood_of_events_behind_a_pending_prefix_costs_the_same_per_event() ->
     assert waiting.holding
     # A push does the same work with 10 events waiting as with 300: not O(n) each.
     assert counts[10] == counts[-1]
+
+
+SECRETS_AND_CARDS = (
+    FilterRule("builtin", "secrets", "redact", "secrets"),
+    FilterRule("builtin", "cards", "redact", "cards"),
+)
+
+
+def test_a_key_whose_start_is_still_open_is_not_skipped_for_a_later_match_inside_it() -> None:
+    # AKIA and 13 digits: a card-shaped run inside a key that is still arriving.
+    text = "id AKIA1234567890123456 and then " + "more words " * 30
+    whole, _ = _answer(SECRETS_AND_CARDS, [text])
+    assert "AKIA" not in whole and REDACTED in whole
+    cut = text.index("AKIA") + 4 + 13
+    assert _answer(SECRETS_AND_CARDS, [text[:cut], text[cut:]])[0] == whole
+
+
+def test_a_literal_inside_a_key_does_not_let_the_rest_of_the_key_through() -> None:
+    rules = (
+        FilterRule("literal", "Q7eX", "redact", "fragment"),
+        FilterRule("builtin", "secrets", "redact", "secrets"),
+    )
+    key = "sk-proj-Q7eXg9TzK2mLw4RbN8vYc1HdJ"
+    text = f"key {key} end"
+    cut = text.index("Q7eX") + 4
+    for pieces in ([text], [text[:cut], text[cut:]], list(text)):
+        answer = _answer(rules, pieces)[0]
+        assert answer == f"key {REDACTED} end", pieces
+
+
+@pytest.mark.parametrize("cut_into_characters", [False, True])
+def test_at_one_start_a_block_wins_and_else_the_longest_match(cut_into_characters: bool) -> None:
+    key = "sk-proj-Q7eXg9TzK2mLw4RbN8vYc1HdJ"
+
+    def pieces(text: str) -> list[str]:
+        return list(text) if cut_into_characters else [text]
+
+    # A short redact and the key's block at the same start: the block wins.
+    rules = (
+        FilterRule("literal", "sk-proj", "redact", "prefix"),
+        FilterRule("builtin", "secrets", "block", "secrets"),
+    )
+    _, blocked = _answer(rules, pieces(f"key {key} end"))
+    assert blocked.end_state is EndState.BLOCKED
+    # Two redacts at one start: the longer one is what is redacted.
+    rules = (
+        FilterRule("literal", "hunter", "redact", "short"),
+        FilterRule("literal", "hunter2-prod-password", "redact", "long"),
+    )
+    assert _answer(rules, pieces("pw hunter2-prod-password ok"))[0] == f"pw {REDACTED} ok"
+
+
+def test_a_redact_match_longer_than_its_max_length_blocks_whole_or_cut() -> None:
+    rules = (FilterRule("regex", r"BEGIN[^E]{1,200}END", "redact", "envelope", 24),)
+    text = "x BEGIN" + "a" * 40 + "END y"
+    for pieces in ([text], list(text)):
+        assert _answer(rules, pieces)[1].end_state is EndState.BLOCKED
+
+
+@pytest.mark.parametrize("pattern", [r"^\p{Lu}{3}-\d{4}", r"(?<=\p{L}{40})\d{4}", r"\p{L}{3}$"])
+def test_a_pattern_in_syntax_only_regex_knows_is_checked_too(pattern: str) -> None:
+    with pytest.raises(FilterError):
+        compile_filters((FilterRule("regex", pattern, "redact", "p", 64),), False)
+
+
+def test_a_look_ahead_is_given_the_text_it_reads_before_a_match_is_decided() -> None:
+    rules = (FilterRule("regex", r"abc(?=defgh)", "redact", "p"),)
+    text = "x abcdefgh y"
+    whole, _ = _answer(rules, [text])
+    assert whole == f"x {REDACTED}defgh y"
+    assert _answer(rules, list(text))[0] == whole
+    blocking = (FilterRule("regex", r"abc(?!defgh)", "block", "p"),)
+    assert _answer(blocking, list(text))[1].end_state is EndState.COMPLETED

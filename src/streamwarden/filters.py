@@ -178,9 +178,10 @@ class _Compiled:
     searchers: tuple[tuple[Any, dict[str, int] | int], ...]
     prefilter: re.Pattern[str] | None
     luhn_rules: frozenset[int]
-    #: Every pattern on its own, with its rule: to name the filter of a match
-    #: still open past its length (rare), which the combined search cannot.
+    #: Every pattern on its own, with its rule (see :func:`_candidates`).
     alone: tuple[tuple[Any, int], ...] = ()
+    #: How far past a match's end any pattern's look-ahead reads.
+    reach: int = 0
 
 
 class FilterSet:
@@ -251,7 +252,8 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
     if combinable:
         searchers.insert(0, (regex.compile("|".join(combinable)), groups))
     prefilter = re.compile(_prefilter(heads)) if all_headed and heads else None
-    return _Compiled(tuple(searchers), prefilter, frozenset(luhn), tuple(alone_patterns))
+    reach = max((_lookahead_width(p.source) for _, p in patterns), default=0)
+    return _Compiled(tuple(searchers), prefilter, frozenset(luhn), tuple(alone_patterns), reach)
 
 
 def _continuations(head: str) -> list[str]:
@@ -343,6 +345,69 @@ _ANCHORS = frozenset(
 )
 
 
+def _textual_problem(pattern: str) -> str | None:
+    """:func:`_streaming_problem` for a pattern ``re`` cannot parse: on its text, strictly.
+
+    Outside character classes, any ``^``, ``$``, ``\\A``, ``\\Z``, ``\\z``,
+    ``\\G`` or look-behind is refused (their reach is not known), as are
+    look-aheads.
+    """
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            if not in_class and pattern[i + 1 : i + 2] in ("A", "Z", "z", "G"):
+                return (
+                    "anchors to the start or end of the text, which a stream's window does not see"
+                )
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            if pattern[i + 1 : i + 2] == "]":
+                i += 1
+        elif char in "^$":
+            return "anchors to the start or end of the text, which a stream's window does not see"
+        elif pattern.startswith(("(?<=", "(?<!", "(?=", "(?!"), i):
+            return "has a look-around in syntax only the regex module reads: its reach is not known"
+        i += 1
+    return None
+
+
+def _lookahead_width(pattern: str) -> int:
+    """The most characters a look-ahead of ``pattern`` reads past where it stands."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        parsed = _parser.parse(pattern)
+    except Exception:  # only the regex module parses it: refused by _streaming_problem
+        return 0
+
+    def walk(items: Any) -> int:
+        widest = 0
+        for op, arg in items:
+            name = str(op)
+            if name in ("ASSERT", "ASSERT_NOT"):
+                direction, sub = arg
+                if direction > 0:
+                    widest = max(widest, min(int(sub.getwidth()[1]), MAX_MATCH_LENGTH))
+                widest = max(widest, walk(sub))
+            elif name == "SUBPATTERN":
+                widest = max(widest, walk(arg[-1]))
+            elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                widest = max(widest, walk(arg[2]))
+            elif name == "BRANCH":
+                widest = max([widest, *(walk(b) for b in arg[1])])
+            elif name == "ATOMIC_GROUP":
+                widest = max(widest, walk(arg))
+        return widest
+
+    return walk(parsed)
+
+
 def _streaming_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be matched on a stream's window, or ``None``.
 
@@ -353,8 +418,8 @@ def _streaming_problem(pattern: str) -> str | None:
         from re import _parser  # type: ignore[attr-defined]
 
         parsed = _parser.parse(pattern)
-    except Exception:  # syntax only the regex module knows: not checked
-        return None
+    except Exception:  # syntax only the regex module knows: checked by its text
+        return _textual_problem(pattern)
 
     def walk(items: Any) -> str | None:
         for op, arg in items:
@@ -467,7 +532,9 @@ class Holdback(Generic[T]):
         #: (releasing them would let a key split around the flood through).
         self.overflow = False
         self._compiled = filters._compiled
-        self._max_length = filters.max_length
+        # A match is decided once no longer one can start where it starts, and
+        # its look-aheads have seen real text past its end.
+        self._max_length = filters.max_length + filters._compiled.reach
         # The undecided text (and a little context before it): _buf[0] is at
         # offset _base of the stream's filtered text; text before _safe is decided.
         self._buf = ""
@@ -556,6 +623,10 @@ class Holdback(Generic[T]):
         prefilter = compiled.prefilter
         rules = self._set.rules
         bound = self._max_length
+        # Each pattern's leftmost match from where it was last searched: reused
+        # while the scan has not passed it, so a scan is one search per pattern
+        # and per match, not per candidate (a text full of matches stays linear).
+        found: dict[int, tuple[int, Any]] = {}
         while pos < n:
             if prefilter is not None:
                 hint = prefilter.search(buf, pos)
@@ -563,40 +634,23 @@ class Holdback(Generic[T]):
                     pos = n
                     break
                 pos = hint.start()
-            found = _earliest(compiled, buf, pos, partial=not final)
-            if found is None:
+            candidates = _candidates(compiled, buf, pos, not final, found)
+            if not candidates:
                 pos = n
                 break
-            m, rule = found
-            start, end = m.start(), m.end()
+            start = candidates[0][0].start()
             if start >= n:
                 pos = n
                 break
-            if m.partial:
-                if not final and n - start <= bound:
-                    pos = start  # could still become a match: wait for more text
-                    break
-                # A match that ran past its filter's max_length (only a configured
-                # regex can): fail closed, as if it had ended here.
-                rule = _rule_of_partial(compiled, buf, start, rules)
-                if rule < 0:
-                    pos = start + 1
-                    continue
-                end = n
-            elif not final and n - start <= bound and (end == n or rules[rule].action == "redact"):
-                # A whole match may still grow (an optional part, a longer token,
-                # more digits that change the card check): decided once no longer
-                # one can start here, so where the text is cut into events never
-                # changes what is redacted. A block whose match the next character
-                # already ended needs no longer one: it ends the stream now.
-                pos = start
+            decided = _decide(candidates, buf, start, n, final, bound, rules, compiled)
+            if decided is None:
+                pos = start  # could still begin, grow or change a match: wait for more text
                 break
-            if rule in compiled.luhn_rules:
-                end = _card_end(buf, start, end)
-                if end < 0:
-                    pos = start + 1  # no card number starts here
-                    continue
-            self._record(Match(self._base + start, self._base + end, rule), rules[rule])
+            if decided is _NO_MATCH:
+                pos = start + 1  # nothing starts here after all (no card number, say)
+                continue
+            end, rule, closed = decided
+            self._record(Match(self._base + start, self._base + end, rule), rules[rule], closed)
             if self.blocked is not None:
                 pos = end
                 break
@@ -607,12 +661,13 @@ class Holdback(Generic[T]):
             self._buf = buf[keep:]
             self._base += keep
 
-    def _record(self, match: Match, rule: FilterRule) -> None:
-        key = (rule.name, rule.action)
+    def _record(self, match: Match, rule: FilterRule, closed: bool = False) -> None:
+        """A decided match; ``closed``: it ran past its filter's length, so it blocks."""
+        key = (rule.name, "block" if closed else rule.action)
         matches = self.stats.matches
         matches[key] = matches.get(key, 0) + 1
         self._matches.append(match)
-        if rule.action == "block":
+        if rule.action == "block" or closed:
             self.blocked = rule
             self._blocked_at = match.start
 
@@ -644,20 +699,6 @@ class Holdback(Generic[T]):
         return out
 
 
-def _earliest(compiled: _Compiled, buf: str, pos: int, *, partial: bool) -> tuple[Any, int] | None:
-    best: tuple[Any, int] | None = None
-    for pattern, rules in compiled.searchers:
-        m = pattern.search(buf, pos, partial=partial)
-        if m is None:
-            continue
-        if best is None or m.start() < best[0].start():
-            rule = rules if isinstance(rules, int) else rules.get(m.lastgroup or "", -1)
-            if rule < 0:  # a partial match names no group: any of them may follow
-                rule = next(iter(rules.values())) if isinstance(rules, dict) else rules
-            best = (m, rule)
-    return best
-
-
 def _card_end(buf: str, start: int, end: int) -> int:
     """Where the longest Luhn-valid card number in ``buf[start:end]`` from ``start`` ends; -1: none.
 
@@ -679,17 +720,106 @@ def _card_end(buf: str, start: int, end: int) -> int:
     return -1
 
 
-def _rule_of_partial(compiled: _Compiled, buf: str, start: int, rules: Sequence[FilterRule]) -> int:
-    """Which filter a match still open at ``start`` belongs to (a ``block`` one first); -1: none."""
-    found = -1
-    for pattern, rule in compiled.alone:
-        m = pattern.match(buf, start, partial=True)
-        if m is not None and m.partial:
-            if rules[rule].action == "block":
-                return rule
-            if found < 0:
-                found = rule
-    return found
+#: What :func:`_decide` says when no match starts at the candidate after all.
+_NO_MATCH: Any = object()
+
+
+def _candidates(
+    compiled: _Compiled, buf: str, pos: int, partial: bool, found: dict[int, tuple[int, Any]]
+) -> list[tuple[Any, int]]:
+    """Every pattern's match (whole or partial) at the earliest start from ``pos``.
+
+    Each pattern is searched on its own: in one alternation, the regex module
+    returns a later whole match of one branch before an earlier partial one
+    of another, and the key that partial begins would never be looked at.
+    """
+    best: list[tuple[Any, int]] = []
+    first = -1
+    for index, (pattern, rule) in enumerate(compiled.alone):
+        kept = found.get(index)
+        if kept is not None and kept[0] <= pos and (kept[1] is None or kept[1].start() >= pos):
+            m = kept[1]
+        else:
+            m = pattern.search(buf, pos, partial=partial)
+            found[index] = (pos, m)
+        if m is None:
+            continue
+        at = m.start()
+        if first < 0 or at < first:
+            first = at
+            best = [(m, rule)]
+        elif at == first:
+            best.append((m, rule))
+    return best
+
+
+def _decide(
+    candidates: list[tuple[Any, int]],
+    buf: str,
+    start: int,
+    n: int,
+    final: bool,
+    bound: int,
+    rules: Sequence[FilterRule],
+    compiled: _Compiled,
+) -> tuple[int, int, bool] | Any | None:
+    """What the matches at ``start`` come to: ``(end, rule, closed)``, or ``None`` (wait).
+
+    :data:`_NO_MATCH` when none of them is a match after all.
+
+    A ``block`` wins over a ``redact`` at the same start, else the longest
+    match. Undecided while more text could change the answer: a partial
+    match, a whole one that could still grow (an optional part, a longer
+    token, a card number's next digits), unless the text ended or no match
+    can be longer than the text seen from here. A partial match past that
+    length (a configured regex whose ``max_length`` is too short) fails
+    closed: it blocks, whatever its action.
+    """
+    undecided = not final and n - start <= bound
+    partials = [rule for m, rule in candidates if m.partial]
+    whole: list[tuple[int, int]] = []
+    # More text may still make a longer match here (an optional part, a longer
+    # token, a card number's next digits, which also change its check).
+    pending = undecided and bool(partials)
+    for m, rule in candidates:
+        if m.partial:
+            continue
+        cards = rule in compiled.luhn_rules
+        if undecided and (cards or rules[rule].action == "redact"):
+            pending = True
+        end = m.end()
+        limit = rules[rule].max_length
+        if limit is not None and end - start > limit:
+            # Longer than its filter says a match can be: cut into events it
+            # could not have been seen whole, so it fails closed either way.
+            return end, rule, True
+        if cards:
+            end = _card_end(buf, start, end)
+            if end < 0:
+                continue
+        whole.append((end, rule))
+    blocks = [
+        (end, rule)
+        for end, rule in whole
+        if rules[rule].action == "block" and rule not in compiled.luhn_rules
+    ]
+    if blocks:
+        end, rule = max(blocks)
+        if undecided and end + compiled.reach >= n:
+            return None  # a look-ahead at the text's edge may still fail on what follows
+        return end, rule, False
+    if pending:
+        return None
+    if partials and not whole:
+        # Past the longest a match can be and still open: a configured regex
+        # whose max_length is too short. Fail closed.
+        blocking = [rule for rule in partials if rules[rule].action == "block"]
+        return n, (blocking or partials)[0], True
+    if not whole:
+        return _NO_MATCH
+    blocking_cards = [(end, rule) for end, rule in whole if rules[rule].action == "block"]
+    end, rule = max(blocking_cards or whole)
+    return end, rule, False
 
 
 def _cuts(start: int, end: int, matches: list[Match]) -> tuple[tuple[int, int, str], ...]:
