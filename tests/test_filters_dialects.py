@@ -10,15 +10,19 @@ keep them. Each case first shows what the client gets without filters.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import openai
 import pytest
-from tests.test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
+from aiohttp import web
 
 from streamwarden.filters import REDACTED, FilterRule, compile_filters
 from streamwarden.meter import EndState
 from streamwarden.relay import Relay
+from streamwarden.sidecar import Sidecar
 from streamwarden.sse import SSEDecoder
+from test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
 
 CARD = "4111111111111111"  # Luhn-valid, as a JSON number would write it
 CARDS = (FilterRule("builtin", "cards", "redact", "cards"),)
@@ -247,3 +251,81 @@ def test_logprobs_beside_a_redacted_text_do_not_spell_the_key(dialect: str) -> N
     for before, after in zip(sent, got, strict=True):
         if after.data != before.data:
             assert '"token"' not in after.data and '"bytes"' not in after.data
+
+
+# -- through the sidecar, read by the openai SDK ----------------------------------------
+
+PIECES = split_secret(TEXT, SECRET, 3)
+
+
+def _events(stream: bytes) -> list[bytes]:
+    return [block + b"\n\n" for block in stream.split(b"\n\n") if block]
+
+
+@pytest.fixture
+async def token_upstream() -> AsyncIterator[str]:
+    """Serves the chat and Responses streams with logprobs, one event per write."""
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        stream = _chat(PIECES) if request.path.endswith("/completions") else _responses(PIECES)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in _events(stream):
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", serve)
+    app.router.add_post("/v1/responses", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def _sdk_tokens(base: str) -> tuple[str, str]:
+    """The chat and Responses answers' texts and tokens, as the openai SDK gives them."""
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k")
+    said = tokens = ""
+    async with client:
+        chat = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "key?"}], stream=True, logprobs=True
+        )
+        async for chunk in chat:
+            for choice in chunk.choices:
+                said += choice.delta.content or ""
+                for token in (choice.logprobs.content or []) if choice.logprobs else []:
+                    tokens += token.token + bytes(token.bytes or []).decode() + "\0"
+                    tokens += "".join(top.token + "\0" for top in token.top_logprobs)
+        answer = await client.responses.create(model="m", input="key?", stream=True)
+        async for event in answer:
+            if event.type == "response.output_text.delta":
+                said += event.delta
+                for logprob in event.logprobs or []:
+                    tokens += logprob.token + "\0"
+            elif event.type == "response.output_text.done":
+                said += event.text
+                tokens += "".join(logprob.token + "\0" for logprob in event.logprobs or [])
+    return said, tokens
+
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+
+
+async def test_the_sdk_reads_no_token_of_the_key_through_the_sidecar(
+    token_upstream: str, start_sidecar: StartSidecar
+) -> None:
+    # The problem: the key's tokens are in the logprobs, whatever the text says.
+    said, tokens = await _sdk_tokens(token_upstream)
+    assert _pieces_in(said.encode(), SECRET[8:]) and _pieces_in(tokens.encode(), SECRET[8:])
+    sidecar = await start_sidecar(
+        token_upstream, output_filters=[{"builtin": "secrets", "action": "redact"}]
+    )
+    said, tokens = await _sdk_tokens(sidecar.proxy_url)
+    assert REDACTED in said and _pieces_in(said.encode(), SECRET[8:]) == []
+    assert _pieces_in(tokens.encode(), SECRET[8:]) == []
+    assert tokens  # the events the filters left alone keep their tokens
