@@ -232,15 +232,33 @@ def _byte_lists(node: Any) -> list[list[int]]:
     return found
 
 
-@pytest.mark.parametrize("dialect", ["openai-responses", "openai-chat"])
+def _gemini(pieces: list[str]) -> bytes:
+    """Gemini chunks, each candidate with its token's logprobsResult."""
+
+    def chunk(p: str, last: bool) -> str:
+        chosen = {"token": p, "logProbability": -0.25}
+        result = {"topCandidates": [{"candidates": [chosen]}], "chosenCandidates": [chosen]}
+        candidate: dict[str, Any] = {"content": {"parts": [{"text": p}], "role": "model"}}
+        candidate["logprobsResult"] = result
+        if last:
+            candidate["finishReason"] = "STOP"
+        return f"data: {_json({'candidates': [candidate]})}\r\n\r\n"
+
+    return "".join(chunk(p, i == len(pieces) - 1) for i, p in enumerate(pieces)).encode()
+
+
+@pytest.mark.parametrize("dialect", ["openai-responses", "openai-chat", "gemini"])
 def test_logprobs_beside_a_redacted_text_do_not_spell_the_key(dialect: str) -> None:
     pieces = split_secret(TEXT, SECRET, 3)
     if dialect == "openai-responses":
         stream, path = _responses(pieces), "/v1/responses"
-    else:
+    elif dialect == "openai-chat":
         stream, path = _chat(pieces), "/v1/chat/completions"
+    else:
+        stream, path = _gemini(pieces), "/v1beta/models/g:streamGenerateContent"
     plain = run(_relay({}, "text/event-stream", path, (), False), [stream])
-    assert _pieces_in(plain, SECRET[8:]) and _bytes_pieces_in(plain, SECRET[8:])
+    assert _pieces_in(plain, SECRET[8:])
+    assert dialect == "gemini" or _bytes_pieces_in(plain, SECRET[8:])  # Gemini sends no bytes
     r = _relay({}, "text/event-stream", path, REDACT, False)
     out = run(r, [stream])
     assert r.end_state is EndState.COMPLETED
