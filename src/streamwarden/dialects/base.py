@@ -65,6 +65,46 @@ UPSTREAM_ERROR = Observation(error=True)
 Place = tuple[Any, Any]
 
 
+class WithTokens:
+    """A text place whose rewrite takes the token log-probabilities beside it along.
+
+    Some events carry, beside a text, its tokens (OpenAI's ``logprobs``,
+    Gemini's ``logprobsResult``: each token's text, and the likeliest
+    alternatives'). A redacted text whose tokens stayed would still spell
+    what was cut, so when the text changes the holder's token lists are
+    emptied: the simplest rewrite that carries nothing of the match. Texts
+    left unchanged keep theirs.
+    """
+
+    __slots__ = ("_container", "_field", "_holder")
+
+    def __init__(self, container: Any, holder: dict[str, Any], field: str) -> None:
+        self._container = container
+        self._holder = holder
+        self._field = field
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._container[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if value != self._container[key]:
+            tokens = self._holder.get(self._field)
+            if isinstance(tokens, list):  # Responses: the list of tokens
+                self._holder[self._field] = []
+            elif isinstance(tokens, dict):  # lists by kind (content, refusal; chosen, top)
+                for kind, found in tokens.items():
+                    if isinstance(found, list):
+                        tokens[kind] = []
+        self._container[key] = value
+
+
+def token_place(container: Any, key: Any, holder: dict[str, Any], field: str = "logprobs") -> Place:
+    """``container[key]``, as a place that drops ``holder[field]``'s tokens when rewritten."""
+    if holder.get(field):
+        return (WithTokens(container, holder, field), key)
+    return (container, key)
+
+
 class RawText(list[str]):
     """The root of an event whose whole data is its text (not JSON): ``[data]``."""
 

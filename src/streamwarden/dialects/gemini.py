@@ -66,6 +66,7 @@ from streamwarden.dialects.base import (
     dump_json,
     load_json,
     sse_block,
+    token_place,
 )
 from streamwarden.sse import Event
 
@@ -128,7 +129,8 @@ class Gemini(Dialect):
             parts = content.get("parts") if isinstance(content, dict) else None
             for part in parts if isinstance(parts, list) else ():
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    places.append((part, "text"))
+                    # The candidate's logprobsResult spells its tokens: they go with a rewrite.
+                    places.append(token_place(part, "text", candidate, "logprobsResult"))
         return places
 
     @classmethod

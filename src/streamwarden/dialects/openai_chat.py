@@ -26,6 +26,7 @@ from streamwarden.dialects.base import (
     dump_json,
     load_json,
     sse_block,
+    token_place,
 )
 from streamwarden.sse import Event
 
@@ -66,7 +67,8 @@ class OpenAIChat(Dialect):
         return sse_block(dump_json({"error": error}))
 
     def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
-        # The same fields as _choices_text, in the same order.
+        # The same fields as _choices_text, in the same order. A choice's
+        # logprobs spell its tokens: a rewritten text takes them along.
         choices = root.get("choices") if isinstance(root, dict) else None
         if not isinstance(choices, list):
             return []
@@ -78,7 +80,7 @@ class OpenAIChat(Dialect):
             if isinstance(delta, dict):
                 for field, value in delta.items():
                     if field in _DELTA_TEXT_FIELDS and isinstance(value, str):
-                        places.append((delta, field))
+                        places.append(token_place(delta, field, choice))
                 calls = delta.get("tool_calls")
                 if tool_arguments and isinstance(calls, list):
                     for call in calls:
@@ -86,9 +88,9 @@ class OpenAIChat(Dialect):
                         if isinstance(function, dict) and isinstance(
                             function.get("arguments"), str
                         ):
-                            places.append((function, "arguments"))
+                            places.append(token_place(function, "arguments", choice))
             if isinstance(choice.get("text"), str):
-                places.append((choice, "text"))
+                places.append(token_place(choice, "text", choice))
         return places
 
     @classmethod

@@ -7,7 +7,8 @@ Every event has an ``event:`` name equal to its data's ``type``:
 first and last carry ``response.usage.output_tokens``. A provider-side
 failure is ``response.failed`` or an ``error`` event. After its deltas,
 a text is sent again whole, in the ``*.done`` events, the output item and
-the final response: output filters read those as whole texts.
+the final response: output filters read those as whole texts. A text the
+filters rewrite loses the ``logprobs`` beside it, which spell its tokens.
 
 openai-python raises ``APIError`` only when the data has a truthy ``error``
 object, so the synthesized ``event: error`` carries one beside the Responses
@@ -28,6 +29,7 @@ from streamwarden.dialects.base import (
     dump_json,
     load_json,
     sse_block,
+    token_place,
 )
 from streamwarden.sse import Event
 
@@ -118,7 +120,7 @@ class OpenAIResponses(Dialect):
         kind = event.event if event.event != "message" else str(root.get("type", ""))
         if kind not in _TEXT_DELTAS or (kind in _TOOL_DELTAS and not tool_arguments):
             return []
-        return [(root, "delta")] if isinstance(root.get("delta"), str) else []
+        return [token_place(root, "delta", root)] if isinstance(root.get("delta"), str) else []
 
     def repeats_text(self, event: Event) -> bool:
         kind = event.event
@@ -136,7 +138,7 @@ class OpenAIResponses(Dialect):
             field, tools = done
             if tools and not tool_arguments:
                 return []
-            return [(root, field)] if isinstance(root.get(field), str) else []
+            return [token_place(root, field, root)] if isinstance(root.get(field), str) else []
         places: list[Place] = []
         if kind in _PART_EVENTS:
             _part_places(root.get("part"), places)
@@ -160,7 +162,7 @@ def _part_places(part: Any, places: list[Place]) -> None:
     if isinstance(part, dict):
         for field in ("text", "refusal"):
             if isinstance(part.get(field), str):
-                places.append((part, field))
+                places.append(token_place(part, field, part))
 
 
 def _item_places(item: Any, tool_arguments: bool, places: list[Place]) -> None:

@@ -16,6 +16,7 @@ inside the message text.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from streamwarden.dialects.base import (
@@ -30,6 +31,7 @@ from streamwarden.dialects.base import (
     load_json,
     sse_block,
 )
+from streamwarden.filters import REDACTED
 from streamwarden.sse import Event
 
 DATA_STREAM_HEADER = "x-vercel-ai-data-stream"
@@ -150,13 +152,17 @@ class VercelUIMessageStream(Dialect):
         return [(root, field)] if isinstance(root.get(field), str) else []
 
     # tool-input-available (and tool-input-error) repeats, whole, the input
-    # the tool-input-delta parts streamed. A cheap look first: most parts are deltas.
+    # the tool-input-delta parts streamed. Decided by the parsed type: a look
+    # at the text only rules out data that cannot spell it, which must write
+    # it out ("input-...") or escape its letters (\u); most parts do neither.
     def repeats_text(self, event: Event) -> bool:
-        return '"tool-input-' in event.data and '"inputTextDelta"' not in event.data
+        data = event.data
+        if "input-available" not in data and "input-error" not in data and "\\u" not in data:
+            return False
+        return _ui_whole_input(load_json(data))
 
     def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
-        kind = root.get("type") if isinstance(root, dict) else None
-        if kind not in _UI_WHOLE_INPUTS or not tool_arguments:
+        if not tool_arguments or not _ui_whole_input(root):
             return []
         return _argument_places(root, "input")
 
@@ -164,31 +170,50 @@ class VercelUIMessageStream(Dialect):
 _UI_WHOLE_INPUTS = frozenset({"tool-input-available", "tool-input-error"})
 
 
-def _argument_places(holder: dict[str, Any], field: str) -> list[Place]:
-    """The strings in ``holder[field]``: tool arguments as text, or every string in the object.
+def _ui_whole_input(root: Any) -> bool:
+    """Whether ``root`` is a UI message stream part that carries a tool's input whole."""
+    kind = root.get("type") if isinstance(root, dict) else None
+    return isinstance(kind, str) and kind in _UI_WHOLE_INPUTS
 
-    The deltas streamed the arguments as JSON text; the whole arguments are
-    the parsed object, whose every string value is filtered on its own (a
-    key lies within one value). Walked with a stack, not recursion: the
-    nesting is the upstream's to choose.
+
+def _argument_places(holder: dict[str, Any], field: str) -> list[Place]:
+    """The place of the whole tool arguments ``holder[field]``: text, or an object as JSON text.
+
+    The deltas streamed the arguments as JSON text, so the filters read the
+    parsed object the same way, whole: its compact JSON, where a key, a
+    number or an object's key is text like any other (see :class:`_Arguments`).
     """
     value = holder.get(field)
     if isinstance(value, str):
         return [(holder, field)]
-    places: list[Place] = []
-    stack: list[Any] = [value]
-    while stack:
-        node = stack.pop()
-        items = (
-            node.items()
-            if isinstance(node, dict)
-            else enumerate(node)
-            if isinstance(node, list)
-            else ()
-        )
-        for key, child in items:
-            if isinstance(child, str):
-                places.append((node, key))
-            elif isinstance(child, (dict, list)):
-                stack.append(child)
-    return places
+    return [(_Arguments(holder), field)] if value is not None else []
+
+
+class _Arguments:
+    """Tool arguments given as an object, as the filters read them: their compact JSON text.
+
+    A rewrite with what the filters left is parsed back when it is JSON
+    that dumps to exactly that text (a match within strings: each becomes
+    ``[redacted]`` where the match was); any other rewrite (a match in a
+    number, or across the JSON's own punctuation) replaces the whole
+    arguments with the string ``[redacted]``: nothing of the match can be
+    left in a value, a key or a number that way.
+    """
+
+    __slots__ = ("_holder",)
+
+    def __init__(self, holder: dict[str, Any]) -> None:
+        self._holder = holder
+
+    def __getitem__(self, field: str) -> str:
+        return dump_json(self._holder[field])
+
+    def __setitem__(self, field: str, text: str) -> None:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            value = REDACTED
+        else:
+            if dump_json(value) != text:
+                value = REDACTED
+        self._holder[field] = value

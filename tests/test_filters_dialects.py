@@ -1,0 +1,349 @@
+"""Output filters where a dialect carries text beside the text: token logprobs, whole tool input.
+
+The Vercel AI SDK streams send a tool call's input again, whole, as an
+object, after the deltas streamed it as JSON text: the filters must read it
+the way the deltas had it, keys and numbers included. OpenAI's streams may
+carry each token's text again in ``logprobs``: a redacted text must not
+keep them. Each case first shows what the client gets without filters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import openai
+import pytest
+from aiohttp import web
+
+from streamwarden.filters import REDACTED, FilterRule, compile_filters
+from streamwarden.meter import EndState
+from streamwarden.relay import Relay
+from streamwarden.sidecar import Sidecar
+from streamwarden.sse import SSEDecoder
+from test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
+
+CARD = "4111111111111111"  # Luhn-valid, as a JSON number would write it
+CARDS = (FilterRule("builtin", "cards", "redact", "cards"),)
+BOTH = (*REDACT, *CARDS)
+
+
+def _pieces_in(out: bytes, secret: str) -> list[str]:
+    """The six-character pieces of ``secret`` that ``out`` holds anywhere."""
+    text = out.decode()
+    return [secret[i : i + 6] for i in range(len(secret) - 5) if secret[i : i + 6] in text]
+
+
+def _relay(headers: dict[str, str], content_type: str, path: str, rules: Any, tools: bool) -> Relay:
+    return Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path=path,
+        content_type=content_type,
+        headers=headers,
+        filters=compile_filters(rules, tools),
+    )
+
+
+# -- Vercel AI SDK: the whole tool input ------------------------------------------------
+
+
+def _data_stream(args: Any, deltas: str | None = None) -> bytes:
+    """AI SDK 4: the c: deltas stream ``args`` as JSON text in three pieces, then 9: repeats it."""
+    text = _json(args) if deltas is None else deltas
+    third = len(text) // 3
+    pieces = [text[:third], text[third : 2 * third], text[2 * third :]]
+    out = ['b:{"toolCallId":"t1","toolName":"pay"}\n']
+    out += [f"c:{_json({'toolCallId': 't1', 'argsTextDelta': p})}\n" for p in pieces]
+    out.append(f"9:{_json({'toolCallId': 't1', 'toolName': 'pay', 'args': args})}\n")
+    out.append('d:{"finishReason":"tool-calls","usage":{"completionTokens":3}}\n')
+    return "".join(out).encode()
+
+
+def _data_relay(rules: Any, tools: bool = True) -> Relay:
+    return _relay({"x-vercel-ai-data-stream": "v1"}, "text/plain", "/api/chat", rules, tools)
+
+
+def _ui_stream(tool_input: Any, kind: str = '"tool-input-available"') -> bytes:
+    """AI SDK 5: tool-input-delta parts stream the input as JSON text, then ``kind`` repeats it."""
+    text = _json(tool_input)
+    half = len(text) // 2
+    out = [{"type": "start"}, {"type": "tool-input-start", "toolCallId": "t1", "toolName": "x"}]
+    for piece in (text[:half], text[half:]):
+        out.append({"type": "tool-input-delta", "toolCallId": "t1", "inputTextDelta": piece})
+    lines = [f"data: {_json(part)}\n\n" for part in out]
+    whole = _json({"type": "tool-input-available", "toolCallId": "t1", "input": tool_input})
+    whole = whole.replace('"tool-input-available"', kind)
+    lines.append(f"data: {whole}\n\n")
+    lines.append('data: {"type":"finish"}\n\ndata: [DONE]\n\n')
+    return "".join(lines).encode()
+
+
+def _ui_relay(rules: Any, tools: bool = True) -> Relay:
+    headers = {"x-vercel-ai-ui-message-stream": "v1"}
+    return _relay(headers, "text/event-stream", "/api/chat", rules, tools)
+
+
+def _whole_args(out: bytes) -> Any:
+    for line in out.decode().splitlines():
+        if line.startswith("9:"):
+            return json.loads(line[2:])["args"]
+        if line.startswith("data: {") and '"input":' in line:
+            return json.loads(line[6:])["input"]
+    raise AssertionError("no whole tool input in the stream")
+
+
+def test_a_card_as_a_json_number_in_the_whole_args_is_redacted() -> None:
+    stream = _data_stream({"card": int(CARD), "note": "ok"})
+    assert _pieces_in(run(_data_relay(()), [stream]), CARD)  # without filters it goes out
+    r = _data_relay(CARDS)
+    out = run(r, [stream])
+    assert r.end_state is EndState.COMPLETED
+    assert _pieces_in(out, CARD) == []  # neither in the deltas nor in the 9: call
+    # A match in a number leaves no JSON to parse back: the whole args go.
+    assert _whole_args(out) == REDACTED
+
+
+def test_a_key_as_an_object_key_in_the_whole_args_is_redacted() -> None:
+    stream = _data_stream({SECRET: 1, "city": "Zürich"})
+    assert _pieces_in(run(_data_relay(()), [stream]), SECRET[8:])
+    out = run(_data_relay(REDACT), [stream])
+    assert _pieces_in(out, SECRET[8:]) == []
+    # Within a string (here an object's key): the args stay an object, the key redacted.
+    assert _whole_args(out) == {REDACTED: 1, "city": "Zürich"}
+
+
+def test_a_key_in_a_string_value_keeps_the_rest_of_the_whole_args() -> None:
+    args = {"body": f"naïve {SECRET} café", "n": 4111, "nested": [{"k": SECRET}]}
+    out = run(_data_relay(BOTH), [_data_stream(args)])
+    assert _pieces_in(out, SECRET[8:]) == []
+    assert _whole_args(out) == {
+        "body": f"naïve {REDACTED} café",
+        "n": 4111,
+        "nested": [{"k": REDACTED}],
+    }
+
+
+def test_whole_args_only_the_call_carries_are_blocked_or_redacted_and_unread_without_tools() -> (
+    None
+):
+    stream = _data_stream({"card": int(CARD)}, deltas='{"card":0}')
+    blocked = _data_relay((FilterRule("builtin", "cards", "block", "cards"),))
+    out = run(blocked, [stream])
+    assert blocked.end_state is EndState.BLOCKED and _pieces_in(out, CARD) == []
+    assert _pieces_in(run(_data_relay(CARDS), [stream]), CARD) == []
+    # Tool arguments are not read unless asked: the stream passes as it came.
+    assert run(_data_relay(CARDS, tools=False), [stream]) == stream
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        '"tool-input-available"',
+        '"tool-input-error"',
+        '"tool-input-\\u0061vailable"',  # the same type, one letter escaped
+    ],
+)
+def test_a_ui_stream_whole_input_that_says_inputtextdelta_is_still_filtered(kind: str) -> None:
+    # A string "inputTextDelta" in the input once made the part look like a delta.
+    stream = _ui_stream({"note": "inputTextDelta", "k": SECRET}, kind)
+    assert _pieces_in(run(_ui_relay(()), [stream]), SECRET[8:])
+    r = _ui_relay(REDACT)
+    out = run(r, [stream])
+    assert r.end_state is EndState.COMPLETED
+    assert _pieces_in(out, SECRET[8:]) == []
+    assert _whole_args(out) == {"note": "inputTextDelta", "k": REDACTED}
+    blocked = _ui_relay(BLOCK)
+    out = run(blocked, [stream])
+    assert blocked.end_state is EndState.BLOCKED and _pieces_in(out, SECRET[8:]) == []
+
+
+def test_a_ui_stream_part_whose_type_is_not_a_string_passes_untouched() -> None:
+    odd = b'data: {"type":["tool-input-available"],"input":{"k":"input-available"}}\n\n'
+    stream = _ui_stream({"city": "Tokyo"})
+    stream = stream.replace(b"data: [DONE]", odd + b"data: [DONE]")
+    assert run(_ui_relay(REDACT), [stream]) == stream
+
+
+# -- OpenAI: token logprobs beside a redacted text --------------------------------------
+
+TEXT = f"Your key is {SECRET} and nothing else."
+
+
+def _token(text: str) -> dict[str, Any]:
+    entry = {"token": text, "bytes": list(text.encode()), "logprob": -0.25}
+    return {**entry, "top_logprobs": [entry]}
+
+
+def _responses(pieces: list[str]) -> bytes:
+    """Responses deltas with their tokens' logprobs, then the done text with all of them."""
+
+    def event(kind: str, **data: Any) -> str:
+        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
+
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    out = [event("response.created", response={"id": "r1", "output": []})]
+    out += [
+        event("response.output_text.delta", **where, delta=p, logprobs=[_token(p)]) for p in pieces
+    ]
+    tokens = [_token(p) for p in pieces]
+    out.append(event("response.output_text.done", **where, text="".join(pieces), logprobs=tokens))
+    part = {"type": "output_text", "annotations": [], "text": "".join(pieces), "logprobs": tokens}
+    out.append(event("response.content_part.done", **where, part=part))
+    done = {"id": "r1", "status": "completed", "output": [], "usage": {"output_tokens": 3}}
+    out.append(event("response.completed", response=done))
+    return "".join(out).encode()
+
+
+def _chat(pieces: list[str]) -> bytes:
+    """Chat Completions chunks, each with its token's logprobs."""
+
+    def chunk(p: str) -> str:
+        logprobs = {"content": [_token(p)], "refusal": None}
+        choice = {"index": 0, "delta": {"content": p}, "logprobs": logprobs}
+        return f"data: {_json({'id': 'c1', 'choices': [choice]})}\n\n"
+
+    return ("".join(chunk(p) for p in pieces) + "data: [DONE]\n\n").encode()
+
+
+def _bytes_pieces_in(out: bytes, secret: str) -> list[str]:
+    """The six-character pieces of ``secret`` any ``bytes`` list in ``out`` spells."""
+    spelled = ""
+    for event in SSEDecoder().feed(out):
+        if event.data.startswith("{"):
+            for found in _byte_lists(json.loads(event.data)):
+                spelled += bytes(found).decode(errors="replace") + "\0"
+    return _pieces_in(spelled.encode(), secret)
+
+
+def _byte_lists(node: Any) -> list[list[int]]:
+    found: list[list[int]] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("bytes"), list):
+                found.append(item["bytes"])
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+    return found
+
+
+def _gemini(pieces: list[str]) -> bytes:
+    """Gemini chunks, each candidate with its token's logprobsResult."""
+
+    def chunk(p: str, last: bool) -> str:
+        chosen = {"token": p, "logProbability": -0.25}
+        result = {"topCandidates": [{"candidates": [chosen]}], "chosenCandidates": [chosen]}
+        candidate: dict[str, Any] = {"content": {"parts": [{"text": p}], "role": "model"}}
+        candidate["logprobsResult"] = result
+        if last:
+            candidate["finishReason"] = "STOP"
+        return f"data: {_json({'candidates': [candidate]})}\r\n\r\n"
+
+    return "".join(chunk(p, i == len(pieces) - 1) for i, p in enumerate(pieces)).encode()
+
+
+@pytest.mark.parametrize("dialect", ["openai-responses", "openai-chat", "gemini"])
+def test_logprobs_beside_a_redacted_text_do_not_spell_the_key(dialect: str) -> None:
+    pieces = split_secret(TEXT, SECRET, 3)
+    if dialect == "openai-responses":
+        stream, path = _responses(pieces), "/v1/responses"
+    elif dialect == "openai-chat":
+        stream, path = _chat(pieces), "/v1/chat/completions"
+    else:
+        stream, path = _gemini(pieces), "/v1beta/models/g:streamGenerateContent"
+    plain = run(_relay({}, "text/event-stream", path, (), False), [stream])
+    assert _pieces_in(plain, SECRET[8:])
+    assert dialect == "gemini" or _bytes_pieces_in(plain, SECRET[8:])  # Gemini sends no bytes
+    r = _relay({}, "text/event-stream", path, REDACT, False)
+    out = run(r, [stream])
+    assert r.end_state is EndState.COMPLETED
+    assert _pieces_in(out, SECRET[8:]) == [] and _bytes_pieces_in(out, SECRET[8:]) == []
+    # Only the events whose text was rewritten lost their tokens: the others are as they came.
+    sent, got = SSEDecoder().feed(stream), SSEDecoder().feed(out)
+    assert [a.data == b.data for b, a in zip(sent, got, strict=True)].count(False) >= 3
+    for before, after in zip(sent, got, strict=True):
+        if after.data != before.data:
+            assert '"token"' not in after.data and '"bytes"' not in after.data
+
+
+# -- through the sidecar, read by the openai SDK ----------------------------------------
+
+PIECES = split_secret(TEXT, SECRET, 3)
+
+
+def _events(stream: bytes) -> list[bytes]:
+    return [block + b"\n\n" for block in stream.split(b"\n\n") if block]
+
+
+@pytest.fixture
+async def token_upstream() -> AsyncIterator[str]:
+    """Serves the chat and Responses streams with logprobs, one event per write."""
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        stream = _chat(PIECES) if request.path.endswith("/completions") else _responses(PIECES)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in _events(stream):
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", serve)
+    app.router.add_post("/v1/responses", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def _sdk_tokens(base: str) -> tuple[str, str]:
+    """The chat and Responses answers' texts and tokens, as the openai SDK gives them."""
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k")
+    said = tokens = ""
+    async with client:
+        chat = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "key?"}], stream=True, logprobs=True
+        )
+        async for chunk in chat:
+            for choice in chunk.choices:
+                said += choice.delta.content or ""
+                for token in (choice.logprobs.content or []) if choice.logprobs else []:
+                    tokens += token.token + bytes(token.bytes or []).decode() + "\0"
+                    tokens += "".join(top.token + "\0" for top in token.top_logprobs)
+        answer = await client.responses.create(model="m", input="key?", stream=True)
+        async for event in answer:
+            if event.type == "response.output_text.delta":
+                said += event.delta
+                for logprob in event.logprobs or []:
+                    tokens += logprob.token + "\0"
+            elif event.type == "response.output_text.done":
+                said += event.text
+                tokens += "".join(logprob.token + "\0" for logprob in event.logprobs or [])
+    return said, tokens
+
+
+StartSidecar = Callable[..., Awaitable[Sidecar]]
+
+
+async def test_the_sdk_reads_no_token_of_the_key_through_the_sidecar(
+    token_upstream: str, start_sidecar: StartSidecar
+) -> None:
+    # The problem: the key's tokens are in the logprobs, whatever the text says.
+    said, tokens = await _sdk_tokens(token_upstream)
+    assert _pieces_in(said.encode(), SECRET[8:]) and _pieces_in(tokens.encode(), SECRET[8:])
+    sidecar = await start_sidecar(
+        token_upstream, output_filters=[{"builtin": "secrets", "action": "redact"}]
+    )
+    said, tokens = await _sdk_tokens(sidecar.proxy_url)
+    assert REDACTED in said and _pieces_in(said.encode(), SECRET[8:]) == []
+    assert _pieces_in(tokens.encode(), SECRET[8:]) == []
+    assert tokens  # the events the filters left alone keep their tokens
