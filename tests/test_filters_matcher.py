@@ -212,3 +212,145 @@ def test_a_look_ahead_is_given_the_text_it_reads_before_a_match_is_decided() -> 
     assert _answer(rules, list(text))[0] == whole
     blocking = (FilterRule("regex", r"abc(?!defgh)", "block", "p"),)
     assert _answer(blocking, list(text))[1].end_state is EndState.COMPLETED
+
+
+# -- text the dialect does not read fails closed ------------------------------------------
+
+from test_filters import BLOCK, REDACT, SECRET  # noqa: E402
+from test_filters import relay as dialect_relay  # noqa: E402
+from test_filters import run as run_reads  # noqa: E402
+
+
+def _sse(kind: str | None, data: str) -> str:
+    return (f"event: {kind}\n" if kind else "") + f"data: {data}\n\n"
+
+
+_UNREAD = {
+    # The event's name says one thing, its data (what the SDKs go by) another.
+    "responses-type-mismatch": (
+        "openai-responses",
+        _sse(
+            "response.in_progress",
+            json.dumps({"type": "response.output_text.delta", "delta": f"key {SECRET}"}),
+        ),
+    ),
+    # A first event of another dialect, on a chat path: the chunks after it
+    # would be read by the wrong dialect.
+    "sniffing-decoy": (
+        "generic",
+        _sse(None, '{"choices":[]}') + _sse(None, f"key {SECRET} end"),
+    ),
+    # A text the Messages API can carry where no delta is.
+    "anthropic-block-start": (
+        "anthropic",
+        _sse(
+            "content_block_start",
+            json.dumps(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": f"key {SECRET}"},
+                }
+            ),
+        ),
+    ),
+    # JSON nested deeper than the parsers take: what a browser's JSON.parse still shows.
+    "too-deep": (
+        "openai-chat",
+        "data: "
+        + '{"choices":[{"index":0,"delta":{"content":"key '
+        + SECRET
+        + '"}}],"x":'
+        + "[" * 1100
+        + "]" * 1100
+        + "}\n\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_UNREAD))
+@pytest.mark.parametrize("rules", [REDACT, BLOCK], ids=["redact", "block"])
+def test_a_key_in_text_the_dialect_does_not_read_blocks_the_stream(
+    case: str, rules: tuple[FilterRule, ...]
+) -> None:
+    dialect, stream = _UNREAD[case]
+    plain = dialect_relay(dialect)
+    assert SECRET.encode() in run_reads(plain, [stream.encode()])  # the problem
+    r = dialect_relay(dialect, rules)
+    out = run_reads(r, [stream.encode()])
+    assert SECRET[8:20].encode() not in out
+    assert r.end_state is EndState.BLOCKED
+
+
+def test_an_ndjson_line_with_a_done_key_and_text_elsewhere_blocks() -> None:
+    line = json.dumps({"token": f"key {SECRET}", "done": False}) + "\n"
+    r = dialect_relay("ndjson", BLOCK)
+    out = run_reads(r, [line.encode()])
+    assert SECRET.encode() not in out and r.end_state is EndState.BLOCKED
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # A lone surrogate: valid JSON text, no UTF-8 to write it back in.
+        '{"choices":[{"index":0,"delta":{"content":"\\ud800 key ' + SECRET + '"}}]}',
+        # Deep enough that one parser takes it and the other does not.
+        '{"choices":[{"index":0,"delta":{"content":"key '
+        + SECRET
+        + '"}}],"x":'
+        + "[" * 1010
+        + "]" * 1010
+        + "}",
+    ],
+    ids=["lone-surrogate", "depth-1010"],
+)
+def test_an_event_that_cannot_be_written_again_redacted_fails_closed(data: str) -> None:
+    r = dialect_relay("openai-chat", REDACT)
+    out = run_reads(r, [f"data: {data}\n\ndata: [DONE]\n\n".encode()])
+    assert SECRET.encode() not in out
+    assert r.end_state is EndState.BLOCKED
+
+
+@pytest.mark.parametrize("pattern", [r"ab\Kcd", r"(?r)ab{1,2}", r"(?:ab){e<=1}", r"(?b)abc"])
+def test_regex_only_searches_that_a_cut_would_change_are_refused(pattern: str) -> None:
+    with pytest.raises(FilterError, match="only the regex module has"):
+        compile_filters((FilterRule("regex", pattern, "redact", "p", 16),), False)
+
+
+def test_unicode_properties_are_still_taken() -> None:
+    rules = (FilterRule("regex", r"\p{Lu}{3}-\d{4}", "redact", "code"),)
+    assert _answer(rules, list("code ABC-1234 ok"))[0] == f"code {REDACTED} ok"
+
+
+def test_cuts_in_an_event_of_many_parts_are_made_in_one_pass() -> None:
+    from streamwarden.filters import apply_cuts
+
+    parts = [f"p{i}-secret " for i in range(200)]
+    offsets = []
+    at = 0
+    for part in parts:
+        offsets.append((at + 3 if len(part) > 3 else at, at + len(part) - 1, REDACTED))
+        at += len(part)
+    made = apply_cuts(parts, offsets)
+    assert made[0] == "p0-" + REDACTED + " " and made[150] == "p15" + REDACTED + " "
+    assert made[150] == apply_cuts([parts[150]], [(3, len(parts[150]) - 1, REDACTED)])[0]
+
+    def lines(count: int) -> int:
+        seen = 0
+        code = apply_cuts.__code__
+
+        def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+            nonlocal seen
+            if frame.f_code is code and event == "line":
+                seen += 1
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            apply_cuts(parts[:count], offsets[:count])
+        finally:
+            sys.settrace(None)
+        return seen
+
+    # Twice the parts and cuts, about twice the work: not four times.
+    assert lines(200) < 2.2 * lines(100)

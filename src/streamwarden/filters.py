@@ -211,7 +211,7 @@ class FilterSet:
 def _pattern_length(rule: FilterRule, pattern: _Pattern) -> int:
     if rule.kind == "literal":
         return len(rule.value)
-    width = _regex_width(pattern.source)
+    width = _regex_width(_standard_form(pattern.source) or pattern.source)
     if rule.max_length is not None:
         return rule.max_length if width is None else min(width, rule.max_length)
     if width is None:  # compile_filters rejected this already
@@ -252,7 +252,9 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
     if combinable:
         searchers.insert(0, (regex.compile("|".join(combinable)), groups))
     prefilter = re.compile(_prefilter(heads)) if all_headed and heads else None
-    reach = max((_lookahead_width(p.source) for _, p in patterns), default=0)
+    reach = max(
+        (_lookahead_width(_standard_form(p.source) or p.source) for _, p in patterns), default=0
+    )
     return _Compiled(tuple(searchers), prefilter, frozenset(luhn), tuple(alone_patterns), reach)
 
 
@@ -310,22 +312,49 @@ def _shown(value: str) -> str:
     return f"`{value}`" if len(value) <= 60 else f"`{value[:57]}...`"
 
 
+# Unicode properties (\p{L}, \P{Lu}, \pL) are the regex module's, and harmless on a
+# stream: they match one character. Each stands as one plain class for the checks.
+_PROPERTY = regex.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
+# Flags that make the regex module search differently (backwards, fuzzily, for
+# the best or the longest match): where a match lies would depend on the cuts.
+_SEARCH_FLAGS = regex.REVERSE | regex.BESTMATCH | regex.ENHANCEMATCH | regex.POSIX
+# A fuzzy constraint ({e<=1}, {i,d}, {s<2}): re reads it as literal text, regex does not.
+_FUZZY = re.compile(r"\{\s*[eids]\s*(?:[<=,}+*]|\d)")
+
+
+def _standard_form(pattern: str) -> str | None:
+    """``pattern`` as Python's ``re`` reads it (properties as one class), or ``None``."""
+    plain = _PROPERTY.sub("[a]", pattern)
+    try:
+        re.compile(plain)
+    except (re.error, OverflowError, RecursionError):
+        return None
+    return plain
+
+
 def _check_regex(rule: FilterRule) -> _Pattern:
     try:
         compiled = regex.compile(rule.value)
     except regex.error as exc:
         raise FilterError(f"{_shown(rule.value)} is not a regular expression: {exc}") from None
+    fuzzy = _FUZZY.search(rule.value) is not None
+    if fuzzy or _standard_form(rule.value) is None or compiled.flags & _SEARCH_FLAGS:
+        raise FilterError(
+            f"{_shown(rule.value)} uses syntax only the regex module has (beyond \\p{{...}}:"
+            " \\K, fuzzy matching, reverse or best-match searches), whose matches a stream"
+            " cut into events cannot decide the same way"
+        )
     if compiled.search("") is not None:
         raise FilterError(f"{_shown(rule.value)} matches empty text, so it would match everywhere")
     if rule.max_length is not None:
         if not 1 <= rule.max_length <= MAX_MATCH_LENGTH:
             raise FilterError(f"max_length must be between 1 and {MAX_MATCH_LENGTH}")
-    elif _regex_width(rule.value) is None:
+    elif _regex_width(_standard_form(rule.value) or rule.value) is None:
         raise FilterError(
             f"{_shown(rule.value)} has no bounded match length (at most {MAX_MATCH_LENGTH}):"
             " write {m,n} instead of +, * or {m,}, or give max_length"
         )
-    problem = _streaming_problem(rule.value)
+    problem = _streaming_problem(_standard_form(rule.value) or rule.value)
     if problem is not None:
         raise FilterError(f"{_shown(rule.value)} {problem}")
     return _Pattern(rule.value, None)
@@ -343,38 +372,6 @@ _ANCHORS = frozenset(
         "AT_END_STRING",
     }
 )
-
-
-def _textual_problem(pattern: str) -> str | None:
-    """:func:`_streaming_problem` for a pattern ``re`` cannot parse: on its text, strictly.
-
-    Outside character classes, any ``^``, ``$``, ``\\A``, ``\\Z``, ``\\z``,
-    ``\\G`` or look-behind is refused (their reach is not known), as are
-    look-aheads.
-    """
-    in_class = False
-    i = 0
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            if not in_class and pattern[i + 1 : i + 2] in ("A", "Z", "z", "G"):
-                return (
-                    "anchors to the start or end of the text, which a stream's window does not see"
-                )
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-            if pattern[i + 1 : i + 2] == "]":
-                i += 1
-        elif char in "^$":
-            return "anchors to the start or end of the text, which a stream's window does not see"
-        elif pattern.startswith(("(?<=", "(?<!", "(?=", "(?!"), i):
-            return "has a look-around in syntax only the regex module reads: its reach is not known"
-        i += 1
-    return None
 
 
 def _lookahead_width(pattern: str) -> int:
@@ -418,8 +415,8 @@ def _streaming_problem(pattern: str) -> str | None:
         from re import _parser  # type: ignore[attr-defined]
 
         parsed = _parser.parse(pattern)
-    except Exception:  # syntax only the regex module knows: checked by its text
-        return _textual_problem(pattern)
+    except Exception:  # _check_regex refused what re cannot read
+        return None
 
     def walk(items: Any) -> str | None:
         for op, arg in items:
@@ -838,20 +835,28 @@ def apply_cuts(parts: Sequence[str], cuts: Sequence[tuple[int, int, str]]) -> li
     """The event's text parts with ``cuts`` (offsets in their concatenation) made.
 
     A cut that spans parts leaves its replacement in the part where it begins.
+    The cuts are in order and do not overlap, so one pass over parts and cuts
+    together does it (an event of thousands of parts, each with a match, is
+    not parts × cuts).
     """
     out: list[str] = []
     offset = 0
+    first = 0  # the first cut that may still reach this part or a later one
     for part in parts:
         end = offset + len(part)
+        while first < len(cuts) and cuts[first][1] <= offset:
+            first += 1
         pieces: list[str] = []
         cursor = offset
-        for cut_start, cut_end, replacement in cuts:
-            if cut_end <= offset or cut_start >= end:
-                continue
-            pieces.append(part[cursor - offset : max(cut_start, offset) - offset])
-            if cut_start >= offset:
-                pieces.append(replacement)
-            cursor = min(cut_end, end)
+        index = first
+        while index < len(cuts) and cuts[index][0] < end:
+            cut_start, cut_end, replacement = cuts[index]
+            if cut_end > offset:
+                pieces.append(part[cursor - offset : max(cut_start, offset) - offset])
+                if cut_start >= offset:
+                    pieces.append(replacement)
+                cursor = min(cut_end, end)
+            index += 1
         pieces.append(part[cursor - offset :])
         out.append("".join(pieces))
         offset = end

@@ -140,6 +140,7 @@ class Relay:
         "_limits",
         "_provisional",
         "_terminal_seen",
+        "_unwritable",
         "journal",
         "meter",
     )
@@ -194,6 +195,9 @@ class Relay:
         #: The route's output filters, and this stream's matcher (None: no filters).
         self._filters = filters
         self._holdback: Holdback[_Waiting] | None = None
+        #: An event the filters changed could not be written again (hostile
+        #: data: a lone surrogate, nesting past the parser): fail closed.
+        self._unwritable = False
         if filters is not None:
             self._holdback = filters.holdback(limits.max_event_bytes)
             self.meter.filters = self._holdback.stats
@@ -558,12 +562,28 @@ class Relay:
                     event = _without_usage_null(event)
                     frame = Frame(raw, event)
             if dialect.repeats_text(event):  # a summary with whole texts: filtered as wholes
-                whole = self._whole_texts_filtered(frame, event)
+                try:
+                    whole = self._whole_texts_filtered(frame, event)
+                except _UNWRITABLE:
+                    self._unwritable = True
+                    break
                 if isinstance(whole, FilterRule):
                     blocked_by = whole
                     break
                 frame = whole
                 event = whole.event or event
+            if (
+                seen is NOTHING
+                and event.data
+                and (tools or not dialect.carries_tool_arguments(event))
+            ):
+                # Text the dialect does not read (a field it does not know, an
+                # event type it does not expect, data it cannot parse) is still
+                # text a client may show: a match in it fails closed.
+                unread = _first_match(self._filters, event.data)
+                if unread is not None:
+                    blocked_by = unread
+                    break
             if seen is not NOTHING:
                 text = seen.text
                 if seen.terminal:
@@ -584,13 +604,13 @@ class Relay:
                 events += self._take(released, out, now)
             if terminal:  # no more text comes: what waits is decided now
                 events += self._take(holdback.close(now), out, now)
-            if holdback.blocked is not None or holdback.overflow:
+            if holdback.blocked is not None or holdback.overflow or self._unwritable:
                 break
         meter.events_in += arrived
         written = self._emit(out, events, now) if out else b""
         if blocked_by is not None:
             return written + self._block(now, blocked_by)
-        if holdback.blocked is not None or holdback.overflow:
+        if holdback.blocked is not None or holdback.overflow or self._unwritable:
             return written + self._block(now)
         return written
 
@@ -633,9 +653,13 @@ class Relay:
             frame, parts, text = leaving.item
             event = frame.event
             if event is not None:
-                events += 1
                 if leaving.cuts:
-                    frame = self._redacted(frame, event, parts, leaving.cuts)
+                    try:
+                        frame = self._redacted(frame, event, parts, leaving.cuts)
+                    except _UNWRITABLE:
+                        self._unwritable = True  # neither this event nor any after it
+                        break
+                events += 1
             if text:
                 meter.content(text, now, delivered=delivered)
             out.append(frame)
@@ -663,7 +687,7 @@ class Relay:
         out: list[Frame] = []
         events = self._take(holdback.close(now), out, now)
         written = self._emit(out, events, now) if out else b""
-        if holdback.blocked is not None:
+        if holdback.blocked is not None or self._unwritable:
             return written + self._block(now)
         return written
 
@@ -679,6 +703,8 @@ class Relay:
             rule = holdback.blocked
         if rule is not None:
             reason = f"an output filter ({rule.name}) blocked the answer"
+        elif self._unwritable:
+            reason = "an event the output filters changed could not be written again"
         else:  # overflow: fail closed rather than let a split match through
             reason = (
                 "the events held back by the output filters, waiting for a possible match,"
@@ -743,6 +769,24 @@ def _filter_whole(
     if matcher.blocked is not None:
         return (), matcher.blocked
     return (released[0].cuts if released else ()), None
+
+
+#: What re-serialising hostile data may raise (a lone surrogate, nesting too deep).
+_UNWRITABLE = (ValueError, UnicodeError, RecursionError)
+
+
+def _first_match(filters: FilterSet | None, text: str) -> FilterRule | None:
+    """The filter that matches anywhere in a complete ``text``, if one does."""
+    if filters is None:
+        return None
+    matcher: Holdback[None] = filters.holdback(len(text) * 4 + 1)
+    matcher.push(None, text, 0, 0.0)
+    matcher.close(0.0)
+    if matcher.blocked is not None:
+        return matcher.blocked
+    for name, action in matcher.stats.matches:
+        return next(r for r in filters.rules if r.name == name and r.action == action)
+    return None
 
 
 def _without_usage_null(event: Event) -> Event:

@@ -41,6 +41,7 @@ class Anthropic(Dialect):
     __slots__ = ()
 
     name = "anthropic"
+    tool_marks = ('"tool_use"', '"server_tool_use"', "input_json_delta")
     terminal_event = "event: message_stop"
 
     def inspect(self, event: Event) -> Observation:

@@ -175,6 +175,20 @@ class Dialect:
         """Whether ``event`` may carry a whole text again (a cheap check, by its name)."""
         return False
 
+    #: Marks, in an event's raw data, of tool-call arguments: text that output
+    #: filters read only with ``output_filter_tool_arguments``.
+    tool_marks: ClassVar[tuple[str, ...]] = ()
+
+    def carries_tool_arguments(self, event: Event) -> bool:
+        """Whether ``event`` may hold tool-call arguments (a cheap check on its raw data).
+
+        An event the dialect reads no text from is still searched by the
+        filters (it may hold text a client shows), except for the tool
+        arguments they were not asked to read.
+        """
+        data = event.data
+        return any(mark in data for mark in self.tool_marks)
+
     def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
         """Where ``root`` (the data of an event that :meth:`repeats_text`) holds whole texts."""
         return []

@@ -91,6 +91,7 @@ class Gemini(Dialect):
     __slots__ = ()
 
     name = "gemini"
+    tool_marks = ('"functionCall"',)
     terminal_event = "a chunk with finishReason"
 
     def inspect(self, event: Event) -> Observation:

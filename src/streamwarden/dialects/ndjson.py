@@ -33,6 +33,7 @@ class NDJSON(Dialect):
     __slots__ = ()
 
     name = "ndjson"
+    tool_marks = ('"tool_calls"',)
     framing = "lines"
     terminal_event = 'a "done": true line'
 

@@ -37,6 +37,7 @@ class OpenAIChat(Dialect):
     __slots__ = ()
 
     name = "openai-chat"
+    tool_marks = ('"tool_calls"', '"function_call"')
     terminal_event = "data: [DONE]"
 
     def inspect(self, event: Event) -> Observation:

@@ -79,6 +79,7 @@ class OpenAIResponses(Dialect):
     __slots__ = ()
 
     name = "openai-responses"
+    tool_marks = ("function_call", "custom_tool_call", "mcp_call", "_tool_call")
     terminal_event = "response.completed"
 
     def inspect(self, event: Event) -> Observation:

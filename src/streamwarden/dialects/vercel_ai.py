@@ -48,6 +48,11 @@ class VercelDataStream(Dialect):
     __slots__ = ()
 
     name = "vercel-ai"
+
+    def carries_tool_arguments(self, event: Event) -> bool:
+        # Tool call parts: 9: (whole call), b: (call start), c: (argument delta), a: (result).
+        return event.data[:2] in ("9:", "b:", "c:", "a:")
+
     framing = "lines"
     terminal_event = "a d: finish line"
 
@@ -111,6 +116,7 @@ class VercelUIMessageStream(Dialect):
     __slots__ = ()
 
     name = "vercel-ai"
+    tool_marks = ('"tool-', "tool-input", "tool-output")
     terminal_event = "data: [DONE]"
 
     def inspect(self, event: Event) -> Observation:
