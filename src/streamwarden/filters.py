@@ -49,6 +49,7 @@ __all__ = [
     "FilterStats",
     "Holdback",
     "Released",
+    "WholeText",
     "apply_cuts",
     "compile_filters",
     "luhn_valid",
@@ -172,16 +173,26 @@ def _regex_width(pattern: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class _Compiled:
-    """The patterns of every filter, combined for one search where they can be."""
+    """The patterns of every filter, and the prefilter in front of them."""
 
-    #: (compiled pattern, rule per group name or the one rule of a lone pattern)
-    searchers: tuple[tuple[Any, dict[str, int] | int], ...]
     prefilter: re.Pattern[str] | None
     luhn_rules: frozenset[int]
     #: Every pattern on its own, with its rule (see :func:`_candidates`).
-    alone: tuple[tuple[Any, int], ...] = ()
+    alone: tuple[tuple[Any, int], ...]
     #: How far past a match's end any pattern's look-ahead reads.
-    reach: int = 0
+    reach: int
+
+
+@dataclass(frozen=True, slots=True)
+class WholeText:
+    """What the filters decide of a complete text, read in one go."""
+
+    #: ``(start, end, replacement)`` in the text, in order.
+    cuts: tuple[tuple[int, int, str], ...]
+    #: The filter of the first match, if one matched.
+    matched: FilterRule | None
+    #: The filter that blocks the text, if one does.
+    blocked: FilterRule | None
 
 
 class FilterSet:
@@ -207,6 +218,21 @@ class FilterSet:
         """A new per-stream matcher, holding at most ``max_held_bytes`` of events."""
         return Holdback(self, max_held_bytes)
 
+    def whole(self, text: str) -> WholeText:
+        """Decide a complete ``text`` as it stands, with a matcher of its own.
+
+        For texts that are not more of a stream's text (a summary repeating an
+        answer, an event the dialect reads no text from): the stream's own
+        matcher never sees them.
+        """
+        matcher: Holdback[None] = Holdback(self, 1)
+        released = matcher.push(None, text, 0, 0.0)
+        if released is None:  # no match and no prefix: nothing to cut
+            return _NOTHING_MATCHED
+        released += matcher.close(0.0)
+        cuts = released[0].cuts if released and matcher.blocked is None else _NO_CUTS
+        return WholeText(cuts, matcher.first_match, matcher.blocked)
+
 
 def _pattern_length(rule: FilterRule, pattern: _Pattern) -> int:
     if rule.kind == "literal":
@@ -219,19 +245,13 @@ def _pattern_length(rule: FilterRule, pattern: _Pattern) -> int:
     return width
 
 
-_PLAIN_FLAGS = regex.compile("").flags
-
-
 def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
-    combinable: list[str] = []
-    groups: dict[str, int] = {}
-    searchers: list[tuple[Any, dict[str, int] | int]] = []
     # The prefilter: per first character (and look-behind), what may follow it.
     heads: dict[tuple[str, str | None], set[str]] = {}
     all_headed = True
     luhn: set[int] = set()
     alone_patterns: list[tuple[Any, int]] = []
-    for index, (rule, pattern) in enumerate(patterns):
+    for rule, pattern in patterns:
         if pattern.luhn:
             luhn.add(rule)
         if pattern.heads is None:
@@ -239,23 +259,14 @@ def _combine(patterns: list[tuple[int, _Pattern]]) -> _Compiled:
         else:
             for head in pattern.heads:
                 heads.setdefault((head[0], pattern.not_after), set()).update(_continuations(head))
-        alone = regex.compile(pattern.source)
-        alone_patterns.append((alone, rule))
-        if alone.groups or alone.flags != _PLAIN_FLAGS:
-            # Its own groups (and back-references) keep their numbers, and its
-            # inline flags ((?i) ...) apply to it alone, searched on its own.
-            searchers.append((alone, rule))
-        else:
-            name = f"sw{index}"
-            groups[name] = rule
-            combinable.append(f"(?P<{name}>{pattern.source})")
-    if combinable:
-        searchers.insert(0, (regex.compile("|".join(combinable)), groups))
+        # Each on its own: its groups keep their numbers, its inline flags apply
+        # to it alone, and a partial match of it is never hidden behind another's.
+        alone_patterns.append((regex.compile(pattern.source), rule))
     prefilter = re.compile(_prefilter(heads)) if all_headed and heads else None
     reach = max(
         (_lookahead_width(_standard_form(p.source) or p.source) for _, p in patterns), default=0
     )
-    return _Compiled(tuple(searchers), prefilter, frozenset(luhn), tuple(alone_patterns), reach)
+    return _Compiled(prefilter, frozenset(luhn), tuple(alone_patterns), reach)
 
 
 def _continuations(head: str) -> list[str]:
@@ -487,6 +498,7 @@ class Released(Generic[T]):
 
 
 _NO_CUTS: tuple[tuple[int, int, str], ...] = ()
+_NOTHING_MATCHED = WholeText(_NO_CUTS, None, None)
 
 
 @dataclass(slots=True)
@@ -515,6 +527,7 @@ class Holdback(Generic[T]):
         "_safe",
         "_set",
         "blocked",
+        "first_match",
         "overflow",
         "stats",
     )
@@ -541,6 +554,8 @@ class Holdback(Generic[T]):
         self._items: list[_Held[T]] = []
         #: The rule of the ``block`` match that ended the stream, if one did.
         self.blocked: FilterRule | None = None
+        #: The rule of the first match, of any action.
+        self.first_match: FilterRule | None = None
         self._blocked_at: int | None = None
         self.stats = FilterStats()
 
@@ -664,6 +679,8 @@ class Holdback(Generic[T]):
         matches = self.stats.matches
         matches[key] = matches.get(key, 0) + 1
         self._matches.append(match)
+        if self.first_match is None:
+            self.first_match = rule
         if rule.action == "block" or closed:
             self.blocked = rule
             self._blocked_at = match.start

@@ -580,9 +580,9 @@ class Relay:
                 # Text the dialect does not read (a field it does not know, an
                 # event type it does not expect, data it cannot parse) is still
                 # text a client may show: a match in it fails closed.
-                unread = _first_match(self._filters, event.data)
-                if unread is not None:
-                    blocked_by = unread
+                unread = self._filters.whole(event.data)
+                if unread.matched is not None:
+                    blocked_by = unread.blocked or unread.matched
                     break
             if seen is not NOTHING:
                 text = seen.text
@@ -630,11 +630,11 @@ class Relay:
             text = container[key]
             if not text:
                 continue
-            cuts, blocked = _filter_whole(filters, text)
-            if blocked is not None:
-                return blocked
-            if cuts:
-                container[key] = apply_cuts([text], cuts)[0]
+            decided = filters.whole(text)
+            if decided.blocked is not None:
+                return decided.blocked
+            if decided.cuts:
+                container[key] = apply_cuts([text], decided.cuts)[0]
                 changed = True
         if not changed:
             return frame
@@ -753,40 +753,8 @@ class Relay:
 _Waiting = tuple[Frame, list[str] | None, str]
 
 
-def _filter_whole(
-    filters: FilterSet, text: str
-) -> tuple[tuple[tuple[int, int, str], ...], FilterRule | None]:
-    """The cuts the filters make in a complete text, read in one go, or the rule that blocks it.
-
-    A matcher of its own, closed at once: the text is decided as it stands,
-    as the stream's text is at its end, and the stream's matcher never sees it.
-    """
-    matcher: Holdback[None] = filters.holdback(len(text.encode()) + 1)
-    released = matcher.push(None, text, 0, 0.0)
-    if released is None:  # no match and no prefix: nothing to cut
-        return (), None
-    released += matcher.close(0.0)
-    if matcher.blocked is not None:
-        return (), matcher.blocked
-    return (released[0].cuts if released else ()), None
-
-
 #: What re-serialising hostile data may raise (a lone surrogate, nesting too deep).
 _UNWRITABLE = (ValueError, UnicodeError, RecursionError)
-
-
-def _first_match(filters: FilterSet | None, text: str) -> FilterRule | None:
-    """The filter that matches anywhere in a complete ``text``, if one does."""
-    if filters is None:
-        return None
-    matcher: Holdback[None] = filters.holdback(len(text) * 4 + 1)
-    matcher.push(None, text, 0, 0.0)
-    matcher.close(0.0)
-    if matcher.blocked is not None:
-        return matcher.blocked
-    for name, action in matcher.stats.matches:
-        return next(r for r in filters.rules if r.name == name and r.action == action)
-    return None
 
 
 def _without_usage_null(event: Event) -> Event:
