@@ -18,12 +18,12 @@ leaves (so the upstream hears of it first), whether the client's transport
 is over its high-water mark, and a way to wait until it is not.
 
 aiohttp offers no hook for any of these, so this module subclasses its
-per-connection ``RequestHandler`` and makes the runner's ``Server`` build
-those. It relies on two attributes of ``RequestHandler`` (the count of
-parsed requests and the request being handled), both present since aiohttp
-3.8, and on its protocol's ``_drain_helper``; the tests in
-``tests/test_hostile_input.py`` and ``tests/test_faults.py`` fail loudly if
-they change.
+per-connection ``RequestHandler``, and :class:`GuardedServer` (aiohttp's
+low-level ``Server``, which the proxy runs on) builds those. It relies on
+two attributes of ``RequestHandler`` (the count of parsed requests and the
+request being handled), both present since aiohttp 3.8, and on its
+protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
+and ``tests/test_faults.py`` fail loudly if they change.
 """
 
 from __future__ import annotations
