@@ -15,16 +15,20 @@
 # steps and entrypoint without a Docker engine.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The same Python on the same Debian, with a C compiler: the build compiles
+# the per-event modules (setup.py, mypyc), and the runtime needs no compiler.
+ARG BUILD_IMAGE=python:3.11-bookworm
 
 # -- build: install the project and its dependencies into a virtualenv --------
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BUILD_IMAGE} AS build
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
 # Only what the package build needs: pyproject.toml declares README.md as the
-# long description, and the code lives under src/.
-COPY pyproject.toml README.md ./
+# long description, setup.py lists the compiled modules, and the code lives
+# under src/.
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 # A virtualenv at the same path in both stages, so its scripts' shebangs hold.
 # pip compiles every module to bytecode here, at build time, so the read-only

@@ -504,6 +504,8 @@ async def test_the_image_installs_starts_streams_and_drains_on_sigterm(
     proxy_url, admin_url = f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{admin}"
     async with running_entrypoint(root, env, log, as_image_user) as process:
         await wait_healthy(admin_url, process, log)
+        # The image's build compiled the per-event modules, and they run.
+        assert "per-event modules compiled" in log.read_text(), log.read_text()
         # The image's own HEALTHCHECK command passes, and would fail on a dead port.
         assert await healthcheck(env) == 0
         assert (

@@ -1,3 +1,9 @@
 """streamwarden keeps LLM token streams alive and honest between a model and a person."""
 
+from streamwarden import _native
+
+# Before any other module of the package: which of the per-event modules run
+# compiled, and which from source (see streamwarden/_native.py).
+_native.choose()
+
 __version__ = "0.1.0"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from streamwarden import __version__
+from streamwarden._native import native_summary
 from streamwarden.config import (
     ENV_PREFIX,
     ConfigError,
@@ -45,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="streamwarden",
         description="Keep LLM token streams alive and honest.",
     )
-    parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"streamwarden {__version__} ({native_summary()})"
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser(

@@ -67,7 +67,12 @@ _CR = 0x0D
 _SPACE = 0x20
 
 
-@dataclass(frozen=True, slots=True)
+# The two classes built once per event write their own __init__: a
+# dataclass's generated one runs as interpreted Python even in the compiled
+# build (a frozen one also sets each field through object.__setattr__), and
+# cost more than the rest of framing an event. The dataclass still writes
+# their equality, hash and repr. Neither is changed once built.
+@dataclass(init=False, slots=True, unsafe_hash=True)
 class Event:
     """One dispatched event.
 
@@ -76,14 +81,17 @@ class Event:
     ``id``. It persists across events, as in a browser's ``EventSource``.
     """
 
-    event: str = "message"
-    data: str = ""
-    id: str | None = None
+    event: str
+    data: str
+    id: str | None
+
+    def __init__(self, event: str = "message", data: str = "", id: str | None = None) -> None:
+        self.event = event
+        self.data = data
+        self.id = id
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__,
-# which made a frame cost three times as much to build, once per event.
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class Frame:
     """The raw bytes of one complete block or line, and what it decoded to.
 
@@ -93,6 +101,10 @@ class Frame:
 
     raw: bytes
     event: Event | None
+
+    def __init__(self, raw: bytes, event: Event | None) -> None:
+        self.raw = raw
+        self.event = event
 
 
 class EventTooLarge(ValueError):

@@ -20,14 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from streamwarden.dialects.raw import RawText as RawText
 from streamwarden.sse import Event
 
 Framing = Literal["sse", "lines"]
 
 
-# Not frozen, for the cost of building one per event (see sse.Frame); the
-# shared ones below are never changed.
-@dataclass(slots=True)
+# Its own __init__, for the cost of building one per event (see sse.Event);
+# the shared ones below are never changed.
+@dataclass(init=False, slots=True)
 class Observation:
     """What one event means to the relay.
 
@@ -38,19 +39,37 @@ class Observation:
     ``input_tokens`` its count of the prompt's.
     """
 
-    text: str = ""
-    output_tokens: int | None = None
+    text: str
+    output_tokens: int | None
     #: The provider's count of the prompt's tokens, when the event carries it.
-    input_tokens: int | None = None
-    terminal: bool = False
-    error: bool = False
+    input_tokens: int | None
+    terminal: bool
+    error: bool
     #: The event only reports usage (OpenAI's ``"choices": []`` chunk): the
     #: one a client that did not ask for usage must not see.
-    usage_only: bool = False
+    usage_only: bool
     #: Part of ``text`` is tool-call arguments: output filters read such an
     #: event themselves (:meth:`Dialect.filter_text`); for any other event
     #: ``text`` is exactly the text they read, in the same order.
-    tools: bool = False
+    tools: bool
+
+    def __init__(
+        self,
+        text: str = "",
+        output_tokens: int | None = None,
+        input_tokens: int | None = None,
+        terminal: bool = False,
+        error: bool = False,
+        usage_only: bool = False,
+        tools: bool = False,
+    ) -> None:
+        self.text = text
+        self.output_tokens = output_tokens
+        self.input_tokens = input_tokens
+        self.terminal = terminal
+        self.error = error
+        self.usage_only = usage_only
+        self.tools = tools
 
 
 #: The observation for events that mean nothing to the relay (pings,
@@ -103,12 +122,6 @@ def token_place(container: Any, key: Any, holder: dict[str, Any], field: str = "
     if holder.get(field):
         return (WithTokens(container, holder, field), key)
     return (container, key)
-
-
-class RawText(list[str]):
-    """The root of an event whose whole data is its text (not JSON): ``[data]``."""
-
-    __slots__ = ()
 
 
 class Dialect:

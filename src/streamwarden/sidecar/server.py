@@ -23,6 +23,7 @@ import signal
 from aiohttp import web
 from yarl import URL
 
+from streamwarden._native import native_summary
 from streamwarden.config import Settings
 from streamwarden.headers import redact_url
 from streamwarden.live import recent_endings, stream_view
@@ -256,6 +257,7 @@ async def run_sidecar(settings: Settings) -> int:
         redact_url(settings.upstream or ""),
         type(loop).__module__.partition(".")[0],  # asyncio or uvloop
     )
+    log.info("streamwarden runs %s", native_summary())
     await stop.wait()
     log.info("draining for up to %gs", settings.drain_timeout)
     await sidecar.drain()
