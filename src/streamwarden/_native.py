@@ -97,7 +97,9 @@ def _why_not(group: str, modules: dict[str, str]) -> str:
     """Why the compiled modules must not run, or "" if they may."""
     if os.environ.get("STREAMWARDEN_PURE_PYTHON"):
         return "STREAMWARDEN_PURE_PYTHON is set"
-    if importlib.util.find_spec(f"{group}__mypyc") is None:
+    # Beside the package, where the build put it: one found elsewhere on
+    # sys.path would be another build's.
+    if _extension_of(_PACKAGE.parent / f"{group}__mypyc.py") is None:
         return "the build compiled nothing (no C compiler, or it failed)"
     for module, digest in modules.items():
         source = _source_of(module)
