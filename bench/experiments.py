@@ -9,7 +9,8 @@ for a change, never the change itself: the product code stays as it is.
 
 - ``no-gap-metrics``: no Prometheus histogram observation per content
   event (the inter-token gap); shows what that observation costs.
-- ``noop``: no change; the control for the runner itself.
+- ``noop``: no change; the control for the runner itself, and for every
+  other patch: experiments run the modules from source, never compiled.
 - ``no-digit-scan``: orjson for every event, without the scan for
   19-digit runs first; an upper bound of what a cheaper guard would win.
 - ``no-batch``: the stream driver writes each HTTP chunk's events at once
@@ -27,6 +28,7 @@ sidecar's own client sends a body it has read whole with its length.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -79,6 +81,10 @@ PATCHES: dict[str, Callable[[], None]] = {
 
 
 def apply(names: list[str]) -> None:
+    # A compiled class cannot be patched, and compiled callers would not see
+    # a patched function: an experiment runs the sources, so compare it with
+    # ``sidecar+noop`` (the sources unpatched), not with the compiled sidecar.
+    os.environ["STREAMWARDEN_PURE_PYTHON"] = "1"
     import streamwarden.dialects  # noqa: F401 - every dialect module loaded before patching
 
     for name in names:

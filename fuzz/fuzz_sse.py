@@ -16,9 +16,14 @@ CI runs it for a few seconds through ``tests/test_fuzz_smoke.py``.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import atheris
+
+# atheris instruments Python bytecode: the framer must run from its source,
+# not the compiled build, for the fuzzer to see which branches an input took.
+os.environ["STREAMWARDEN_PURE_PYTHON"] = "1"
 
 with atheris.instrument_imports():
     from streamwarden.sse import EventTooLarge, LineFramer, SSEDecoder, SSEFramer
