@@ -22,6 +22,10 @@ A path is a way from the load client to the upstream:
 - ``sidecar-otel`` (ask for it by name): ``sidecar-uvloop`` with
   OpenTelemetry on (``otel_exporter: otlp-http``), exporting to a local
   sink (:mod:`bench.otlp_sink`, its own process);
+- ``sidecar-source`` (ask for it by name): ``sidecar-uvloop`` with its
+  per-event modules run from source (``STREAMWARDEN_PURE_PYTHON=1``), what
+  an install without a C compiler runs: the compiled build's gain, in the
+  same windows;
 - ``floor`` and ``floor-httptools`` (not in a default run; ask for them by
   name): the thinnest streaming proxy Python on uvloop can be
   (:mod:`bench.floor`), raw bytes, or with httptools parsing the response:
@@ -68,6 +72,7 @@ EXTRA_PATHS = (
     "sidecar-resume",
     "sidecar-resume-redis",
     "sidecar-otel",
+    "sidecar-source",
 )
 KNOWN_PATHS = ALL_PATHS + EXTRA_PATHS
 HOST = "127.0.0.1"
@@ -83,6 +88,7 @@ _DESCRIPTIONS = {
     "sidecar-resume": "streamwarden run --uvloop, on_client_gone: detach, memory store",
     "sidecar-resume-redis": "streamwarden run --uvloop, on_client_gone: detach, Redis store",
     "sidecar-otel": "streamwarden run --uvloop, otel_exporter: otlp-http (a local sink)",
+    "sidecar-source": "streamwarden run --uvloop, per-event modules from source (not compiled)",
     "floor": "bench.floor: bytes forwarded as read, uvloop, no parsing (Python's floor)",
     "floor-httptools": "bench.floor --httptools: the floor plus httptools on the response",
 }
@@ -308,6 +314,7 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         "sidecar-resume",
         "sidecar-resume-redis",
         "sidecar-otel",
+        "sidecar-source",
     ):
         # A patched sidecar (bench.experiments) takes the same arguments.
         runner = ["bench.experiments", "+".join(patches)] if patches else ["streamwarden.cli"]
@@ -327,6 +334,8 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         env: dict[str, str] = {}
         # A process the path needs whose CPU is not the sidecar's (Redis, the OTLP sink).
         companion: subprocess.Popen[bytes] | None = None
+        if base == "sidecar-source":
+            env["STREAMWARDEN_PURE_PYTHON"] = "1"
         if base.startswith("sidecar-resume"):
             env["STREAMWARDEN_ON_CLIENT_GONE"] = "detach"
         if base == "sidecar-resume-redis":

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO, nginx_binary
+from streamwarden._native import native_summary
 
 __all__ = ["environment", "evaluate_targets", "markdown", "plot"]
 
@@ -53,6 +54,8 @@ def environment() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
         "python": platform.python_version(),
+        # The sidecar runs on this interpreter and install: compiled or not.
+        "streamwarden_code": native_summary(),
         "loadavg_at_start": list(os.getloadavg()),
         "source": source_state(),
         "versions": {
@@ -267,7 +270,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Command: `{doc['command']}` ({r.get('duration_s', '?')} s). "
         f"Machine: {env['cpus']} cores, "
-        f"Linux {env['kernel']}, Python {env['python']}, load average at start "
+        f"Linux {env['kernel']}, Python {env['python']}"
+        + (f" ({env['streamwarden_code']})" if env.get("streamwarden_code") else "")
+        + ", load average at start "
         f"{', '.join(f'{x:.2f}' for x in env['loadavg_at_start'])}"
         + (f", bench processes at nice {env['nice']}" if env.get("nice") else "")
         + ".",
