@@ -216,6 +216,15 @@ def test_kubernetes_service_link_variables_are_not_settings() -> None:
     assert load_settings(environ=environ).keepalive_interval == 5.0
 
 
+def test_the_variable_that_asks_for_the_sources_is_not_a_setting() -> None:
+    # STREAMWARDEN_PURE_PYTHON is read by streamwarden._native, at build and
+    # at import time; refusing it as an unknown setting would stop every run.
+    environ = {"STREAMWARDEN_PURE_PYTHON": "1", "STREAMWARDEN_KEEPALIVE_INTERVAL": "5s"}
+    assert load_settings(environ=environ).keepalive_interval == 5.0
+    result = run_cli("run", "--listen", "127.0.0.1:0", env={**environ, "PATH": "/usr/bin:/bin"})
+    assert "upstream: required" in result.stderr, result.stderr  # past the environment
+
+
 def test_busy_port_is_one_line_and_exit_2() -> None:
     import socket
 

@@ -30,7 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["NativeState", "choose", "native_summary", "state"]
+__all__ = ["PURE_PYTHON", "NativeState", "choose", "native_summary", "state"]
+
+#: Set (to anything), at build or at run time: the per-event modules run from source.
+PURE_PYTHON = "STREAMWARDEN_PURE_PYTHON"
 
 _PACKAGE = Path(__file__).parent
 _MANIFEST = _PACKAGE / "_compiled.json"
@@ -95,8 +98,8 @@ def _extension_of(source: Path) -> Path | None:
 
 def _why_not(group: str, modules: dict[str, str]) -> str:
     """Why the compiled modules must not run, or "" if they may."""
-    if os.environ.get("STREAMWARDEN_PURE_PYTHON"):
-        return "STREAMWARDEN_PURE_PYTHON is set"
+    if os.environ.get(PURE_PYTHON):
+        return f"{PURE_PYTHON} is set"
     # Beside the package, where the build put it: one found elsewhere on
     # sys.path would be another build's.
     if _extension_of(_PACKAGE.parent / f"{group}__mypyc.py") is None:
@@ -125,7 +128,7 @@ def choose() -> NativeState:
         sources = {module: _source_of(module) for module in modules}
         sys.meta_path.insert(0, _SourceFinder(sources))
         if _extension_of(_source_of(next(iter(modules)))) is not None and not os.environ.get(
-            "STREAMWARDEN_PURE_PYTHON"
+            PURE_PYTHON
         ):
             # Compiled code older than its source: correct to run the source,
             # only slower. Say so, since nobody asked for it.

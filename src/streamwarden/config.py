@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from streamwarden._native import PURE_PYTHON
 from streamwarden.dialects import DIALECT_NAMES
 from streamwarden.filters import BUILTIN_SETS, FilterError, FilterRule, FilterSet, compile_filters
 from streamwarden.headers import redact_url
@@ -613,11 +614,16 @@ _SERVICE_LINK = re.compile(
 )
 
 
+#: Variables of the process, not settings: the config file's path, and
+#: whether the per-event modules run from source.
+_NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", PURE_PYTHON})
+
+
 def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """The ``STREAMWARDEN_<KEY>`` variables as config keys (values still raw strings)."""
     found: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in _NOT_SETTINGS:
             continue
         key = name[len(ENV_PREFIX) :].lower()
         if key not in _KEYS and _SERVICE_LINK.search(name):
