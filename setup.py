@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -63,14 +64,12 @@ def _module(path: str) -> str:
 
 def _compiled_extensions() -> list[Extension]:
     MANIFEST.unlink(missing_ok=True)
-    if os.environ.get("STREAMWARDEN_PURE_PYTHON"):
+    if os.environ.get("STREAMWARDEN_PURE_PYTHON"):  # streamwarden._native.PURE_PYTHON
         return []
     try:
         from mypyc.build import mypycify
     except ImportError:
         return []
-    # mypyc names each module by its path below the first directory without
-    # an __init__.py: src/streamwarden/relay.py is streamwarden.relay.
     # The build runs where the runtime dependencies may be missing (pip's
     # isolated build environment): what they type is Any to mypyc, and the
     # project's own mypy run (strict, with them installed) checks the rest.
@@ -82,9 +81,15 @@ def _compiled_extensions() -> list[Extension]:
         "--allow-subclassing-any",
         "--allow-untyped-calls",
     ]
-    extensions = mypycify(
-        [*flags, *(f"src/{path}" for path in COMPILED)], opt_level="3", group_name=GROUP
-    )
+    try:
+        # mypyc names each module by its path below the first directory
+        # without an __init__.py: src/streamwarden/relay.py is streamwarden.relay.
+        extensions = mypycify(
+            [*flags, *(f"src/{path}" for path in COMPILED)], opt_level="3", group_name=GROUP
+        )
+    except (Exception, SystemExit) as exc:  # mypyc exits on a type error
+        print(f"warning: the per-event modules are not compiled ({exc!r})", file=sys.stderr)
+        return []
     for extension in extensions:
         # A failed compile leaves the plain sources, which run as they are.
         extension.optional = True
