@@ -40,7 +40,7 @@ _MANIFEST = _PACKAGE / "_compiled.json"
 
 
 class NativeState:
-    """What the build compiled and what runs: for ``streamwarden --version``, the log and the tests."""
+    """What the build compiled and what runs (for ``--version``, the log and the tests)."""
 
     __slots__ = ("compiled", "modules", "reason")
 
