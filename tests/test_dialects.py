@@ -12,7 +12,7 @@ import pytest
 
 from streamwarden.dialects import detect, sniff, stream_framing
 from streamwarden.dialects.gemini import Gemini
-from streamwarden.filters import FilterRule, compile_filters
+from streamwarden.filters import FilterRule, FilterSet, compile_filters
 from streamwarden.relay import ErrorCode, Limits, Relay
 from streamwarden.sse import Event, LineFramer, SSEDecoder, SSEFramer
 
@@ -30,7 +30,7 @@ def fixture(name: str) -> bytes:
     return (STREAMS / name).read_bytes()
 
 
-def relay_for(name: str, setting: str = "auto") -> Relay:
+def relay_for(name: str, setting: str = "auto", filters: FilterSet | None = None) -> Relay:
     entry = MANIFEST[name]
     return Relay(
         LIMITS,
@@ -40,6 +40,7 @@ def relay_for(name: str, setting: str = "auto") -> Relay:
         content_type=entry["content_type"],
         headers=entry["headers"],
         dialect=setting,
+        filters=filters,
     )
 
 
@@ -432,17 +433,7 @@ def test_data_nested_past_the_json_parsers_depth_is_passed_on_not_raised(
         event = (f"0:{nested}\n" if name.startswith("vercel") else f"{nested}\n").encode()
     else:
         event = f"data: {nested}\n\n".encode()
-    relay = relay_for(name)
-    if filtered:
-        rules = (FilterRule("builtin", "secrets", "redact", "secrets"),)
-        relay = Relay(
-            LIMITS,
-            started_at=0.0,
-            now=0.0,
-            path=entry["request_path"],
-            content_type=entry["content_type"],
-            headers=entry["headers"],
-            filters=compile_filters(rules, True),
-        )
+    rules = (FilterRule("builtin", "secrets", "redact", "secrets"),)
+    relay = relay_for(name, filters=compile_filters(rules, True) if filtered else None)
     assert relay.feed(event, 1.0) == event
     assert not relay.done
