@@ -26,6 +26,7 @@ from streamwarden.filters import REDACTED, FilterRule, compile_filters, luhn_val
 from streamwarden.meter import EndState
 from streamwarden.relay import KEEPALIVE, Limits, Relay
 from streamwarden.sse import LineFramer, SSEDecoder, SSEFramer
+from streamwarden.usage import TakeBack, UsageRole
 
 SECRET = "sk-proj-Q7eXg9TzK2mLw4RbN8vYc1HdJ"  # the shape of an OpenAI key, not a key
 CARD = "4111 1111 1111 1111"  # the classic Luhn-valid test number
@@ -148,7 +149,7 @@ def relay(
     rules: tuple[FilterRule, ...] = (),
     tools: bool = False,
     *,
-    injected_usage: bool = False,
+    usage: UsageRole = None,
 ) -> Relay:
     _, path, content_type, headers = DIALECTS[dialect]
     return Relay(
@@ -159,7 +160,7 @@ def relay(
         content_type=content_type,
         headers=headers,
         filters=compile_filters(rules, tools),
-        injected_usage=injected_usage,
+        usage=usage,
     )
 
 
@@ -397,7 +398,7 @@ def test_with_usage_injection_a_redacted_event_gains_no_usage_field() -> None:
     assert upstream.count(b'"usage":null') == len(pieces)
 
     def injected(rules: tuple[FilterRule, ...]) -> Relay:  # as usage_injection: auto makes it
-        return relay("openai-chat", rules, injected_usage=True)
+        return relay("openai-chat", rules, usage=TakeBack())
 
     # Unfiltered, the client gets the stream as if it had never asked for usage...
     assert run(injected(()), [upstream]) == openai_chat(pieces)

@@ -4,6 +4,10 @@ OpenAI's API, vLLM and others stream a token count only when the request
 sets ``stream_options.include_usage``. Without it the sidecar can only
 estimate; with ``usage_injection: auto`` it asks for the count itself and
 takes back what that changes, so the client's bytes stay as they were.
+What "what that changes" is depends on the upstream: some send the usage
+chunk, or ``"usage": null``, whether asked or not. The sidecar learns that
+from one unchanged stream per path before it changes any request there,
+and takes back only what the upstream would not have sent by itself.
 """
 
 from __future__ import annotations
@@ -60,10 +64,14 @@ async def test_with_injection_the_count_is_the_providers_and_the_bytes_are_uncha
 ) -> None:
     direct = await raw_stream(mock.url, REQUEST, "same")
     sidecar = await start_sidecar(mock.url)  # usage_injection: auto is the default
+    # The first stream on a path goes unchanged: it shows what the upstream
+    # sends unasked (here: no usage), and so what the option will add.
+    learning = await raw_stream(sidecar.proxy_url, REQUEST, "same")
+    assert (await meter_of(sidecar, 1)).tokens_source == "estimated"
     through = await raw_stream(sidecar.proxy_url, REQUEST, "same")
     assert b'"usage"' not in direct  # the client never asked for usage
-    assert normalized(through) == normalized(direct)  # and never sees any
-    meter = await meter_of(sidecar, 1)
+    assert normalized(through) == normalized(direct) == normalized(learning)  # nor sees any
+    meter = await meter_of(sidecar, 2)
     assert meter.tokens_source == "provider"
     assert meter.tokens_generated == TOKENS
     upstream = mock.stats.records[-1]
@@ -92,8 +100,10 @@ async def test_the_openai_sdk_sees_the_same_chunks_with_and_without_the_sidecar(
         await client.close()
         return got
 
-    assert await chunks(sidecar.proxy_url) == await chunks(mock.url)
-    assert (await meter_of(sidecar, 1)).tokens_source == "provider"
+    direct = await chunks(mock.url)
+    assert await chunks(sidecar.proxy_url) == direct  # the habit learned
+    assert await chunks(sidecar.proxy_url) == direct  # the option taken back
+    assert (await meter_of(sidecar, 2)).tokens_source == "provider"
 
 
 async def test_a_client_that_asked_for_usage_still_gets_it(
@@ -108,12 +118,29 @@ async def test_a_client_that_asked_for_usage_still_gets_it(
 
 
 class RecordingUpstream:
-    """Records each request body; answers like vLLM (or, ``old``, like vLLM before 0.5)."""
+    """Records each request body; answers like OpenAI (or, ``old``, like vLLM before 0.5).
 
-    def __init__(self, *, old: bool = False, refuse: bool = False) -> None:
+    Habits seen in the wild: ``forced`` sends the usage chunk whether asked
+    or not (vLLM ``--enable-force-include-usage``, some hosted APIs),
+    ``nulls`` writes ``"usage": null`` on every chunk whether asked or not,
+    and ``marks`` (on by default, as OpenAI does) writes it when asked.
+    """
+
+    def __init__(
+        self,
+        *,
+        old: bool = False,
+        refuse: bool = False,
+        forced: bool = False,
+        nulls: bool = False,
+        marks: bool = True,
+    ) -> None:
         self.old = old
         #: Answer every request 400 for a reason of its own (not the option).
         self.refuse = refuse
+        self.forced = forced
+        self.nulls = nulls
+        self.marks = marks
         self.bodies: list[bytes] = []
         self.lengths: list[str | None] = []
         self.app = web.Application()
@@ -127,7 +154,8 @@ class RecordingUpstream:
             sent = json.loads(body)
         except ValueError:
             sent = {}
-        usage = isinstance(sent, dict) and bool(sent.get("stream_options"))
+        options = sent.get("stream_options") if isinstance(sent, dict) else None
+        usage = isinstance(options, dict) and options.get("include_usage") is True
         if self.refuse:
             return web.json_response({"error": {"message": "model not found"}}, status=400)
         if usage and self.old:
@@ -137,10 +165,10 @@ class RecordingUpstream:
         await response.prepare(request)
         for token in ("a", "b", "c"):
             chunk: dict[str, Any] = {"choices": [{"index": 0, "delta": {"content": token}}]}
-            if usage:
+            if self.nulls or (usage and self.marks):
                 chunk["usage"] = None
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        if usage:
+        if usage or self.forced:
             final = {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens": 1}}
             await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
@@ -173,16 +201,21 @@ async def test_the_upstream_receives_the_body_with_the_option_added_and_its_leng
     sidecar = await start_sidecar(await serve(upstream))
     sent = b'{"model": "m", "stream": true, "stream_options": {"x": 1}, "messages": []}'
     async with httpx.AsyncClient() as client:
-        response = await client.post(
-            sidecar.proxy_url + CHAT, content=sent, headers={"Content-Type": "application/json"}
-        )
+        responses = [
+            await client.post(
+                sidecar.proxy_url + CHAT, content=sent, headers={"Content-Type": "application/json"}
+            )
+            for _ in range(2)
+        ]
     expected = (
         b'{"model":"m","stream":true,"stream_options":{"x":1,"include_usage":true},"messages":[]}'
     )
-    assert upstream.bodies == [expected]
-    assert upstream.lengths == [str(len(expected))]
-    assert b"usage" not in response.content and response.content.count(b"data: ") == 4
-    assert (await meter_of(sidecar, 1)).tokens_generated == 3
+    assert upstream.bodies == [sent, expected]  # the first one shows the habit
+    assert upstream.lengths == [str(len(sent)), str(len(expected))]
+    for response in responses:
+        assert b"usage" not in response.content and response.content.count(b"data: ") == 4
+    assert (await meter_of(sidecar, 2)).tokens_generated == 3
+    assert sidecar.tracker.finished[-1].meter.tokens_source == "provider"
 
 
 @pytest.mark.parametrize(
@@ -230,13 +263,14 @@ async def test_an_upstream_that_refuses_the_option_gets_the_request_unchanged_an
     sidecar = await start_sidecar(await serve(upstream))
     sent = json.dumps(REQUEST).encode()
     async with httpx.AsyncClient() as client:
-        first = await client.post(sidecar.proxy_url + CHAT, content=sent)
-        second = await client.post(sidecar.proxy_url + CHAT, content=sent)
-    assert first.status_code == second.status_code == 200
-    assert first.content == second.content and first.content.endswith(b"data: [DONE]\n\n")
-    # Injected once, refused, sent again unchanged; then left alone.
-    assert [b"include_usage" in body for body in upstream.bodies] == [True, False, False]
-    assert upstream.bodies[1:] == [sent, sent]
+        answers = [await client.post(sidecar.proxy_url + CHAT, content=sent) for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    assert len({answer.content for answer in answers}) == 1
+    assert answers[0].content.endswith(b"data: [DONE]\n\n")
+    # Unchanged to learn the habit; then injected once, refused, sent again
+    # unchanged; then left alone.
+    assert [b"include_usage" in body for body in upstream.bodies] == [False, True, False, False]
+    assert upstream.bodies[2:] == [sent, sent]
 
 
 async def test_another_400_reaches_the_client_as_it_came(
@@ -253,6 +287,7 @@ async def test_another_400_reaches_the_client_as_it_came(
 
 def test_a_usage_only_chunk_without_a_completion_count_is_hidden_too() -> None:
     from streamwarden.relay import Limits, Relay
+    from streamwarden.usage import TakeBack
 
     relay = Relay(
         Limits(15.0, 60.0, 1800.0, 1 << 20),
@@ -261,8 +296,83 @@ def test_a_usage_only_chunk_without_a_completion_count_is_hidden_too() -> None:
         path=CHAT,
         content_type="text/event-stream",
         headers={},
-        injected_usage=True,
+        usage=TakeBack(),
     )
     assert relay.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\n', 0.1) == b""
     chunk = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'
     assert relay.feed(chunk, 0.2) == b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+
+
+async def chat_bodies(url: str, count: int) -> list[bytes]:
+    async with httpx.AsyncClient() as client:
+        return [(await client.post(url + CHAT, json=REQUEST)).content for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    "habit",
+    [
+        {"forced": True, "marks": False},  # vLLM --enable-force-include-usage
+        {"forced": True},  # a hosted API that sends usage always, nulls when asked
+        {"forced": True, "nulls": True},  # ... and "usage": null on every chunk
+        {"nulls": True},  # "usage": null always, the usage chunk only when asked
+        {"marks": False},  # the usage chunk only when asked, no nulls (vLLM)
+        {},  # OpenAI: both only when asked
+    ],
+    ids=["forced", "forced-marks", "forced-nulls", "nulls", "vllm", "openai"],
+)
+async def test_the_client_gets_every_byte_the_upstream_sends_it_unasked(
+    serve: Callable[[RecordingUpstream], Awaitable[str]],
+    start_sidecar: StartSidecar,
+    habit: dict[str, bool],
+) -> None:
+    upstream = RecordingUpstream(**habit)
+    url = await serve(upstream)
+    (direct,) = await chat_bodies(url, 1)
+    sidecar = await start_sidecar(url)
+    through = await chat_bodies(sidecar.proxy_url, 3)
+    assert through == [direct] * 3
+    await wait_for(lambda: len(sidecar.tracker.finished) == 3)
+    meters = [record.meter for record in sidecar.tracker.finished]
+    if habit.get("forced"):
+        # The count comes anyway: never asked for, on every stream.
+        assert b'"choices": [], "usage"' in direct
+        assert [b"include_usage" in body for body in upstream.bodies[1:]] == [False] * 3
+        assert [meter.tokens_source for meter in meters] == ["provider"] * 3
+    else:
+        # Learned from the first, asked for and taken back on the others.
+        assert [b"include_usage" in body for body in upstream.bodies[1:]] == [False, True, True]
+        assert [meter.tokens_source for meter in meters] == ["estimated", "provider", "provider"]
+    assert all(meter.tokens_generated == 3 for meter in meters)
+
+
+def test_a_habit_is_learned_from_a_whole_stream_and_again_after_its_memory() -> None:
+    from streamwarden.dialects.base import NOTHING, TERMINAL
+    from streamwarden.usage import HabitWatch, TakeBack, UsageHabit, UsageHabits
+
+    habits = UsageHabits(memory=60.0, paths=2)
+    watch = habits.role(CHAT, 0.0)
+    assert isinstance(watch, HabitWatch)
+    watch.see(b'data: {"choices":[],"usage":null}\n\n', NOTHING, 1.0)
+    assert isinstance(habits.role(CHAT, 1.0), HabitWatch)  # not yet known
+    watch.see(b"data: [DONE]\n\n", TERMINAL, 2.0)  # whole, with nulls, no count
+    assert habits.role(CHAT, 3.0) == TakeBack(chunk=True, nulls=False)
+    assert isinstance(habits.role(CHAT, 62.0), HabitWatch)  # learned again
+    # A bounded memory: a third path forgets the oldest.
+    habits.learn("/a", UsageHabit(volunteers=True, marks_null=False), 3.0)
+    habits.learn("/b", UsageHabit(volunteers=False, marks_null=False), 3.0)
+    assert isinstance(habits.role(CHAT, 4.0), HabitWatch)
+    assert habits.role("/a", 4.0) is None  # volunteers: nothing to inject
+    assert habits.role("/b", 4.0) == TakeBack()
+
+
+async def test_a_stream_cut_before_its_end_teaches_no_habit(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    sidecar = await start_sidecar(mock.url)
+    async with httpx.AsyncClient() as client:
+        headers = {**MOCK, "x-mock-fault": "truncate"}
+        await client.post(sidecar.proxy_url + CHAT, json=REQUEST, headers=headers)
+    await raw_stream(sidecar.proxy_url, REQUEST, "after-the-cut")
+    await wait_for(lambda: len(sidecar.tracker.finished) == 2)
+    # Both went unchanged: a truncated stream shows nothing of what comes at the end.
+    assert [r.meter.tokens_source for r in sidecar.tracker.finished] == ["estimated"] * 2

@@ -44,7 +44,7 @@ from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.refusals import refusal_body
 from streamwarden.resume import Journal, strip_ids
 from streamwarden.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
-from streamwarden.usage import without_usage_null
+from streamwarden.usage import HabitWatch, TakeBack, UsageRole, without_usage_null
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
 
@@ -134,13 +134,15 @@ class Relay:
         "_framer",
         "_framing",
         "_holdback",
-        "_injected_usage",
         "_last_upstream",
         "_last_write",
         "_limits",
         "_provisional",
+        "_take_usage_chunk",
+        "_take_usage_null",
         "_terminal_seen",
         "_unwritable",
+        "_usage_watch",
         "journal",
         "meter",
     )
@@ -158,13 +160,21 @@ class Relay:
         gap_observer: GapObserver | None = None,
         framing: Framing | None = None,
         journal: Journal | None = None,
-        injected_usage: bool = False,
+        usage: UsageRole = None,
         filters: FilterSet | None = None,
     ) -> None:
         self._limits = limits
-        #: The face asked the upstream for usage the client did not ask for
-        #: (usage injection): take back what that added to the stream.
-        self._injected_usage = injected_usage
+        # The face asked the upstream for usage the client did not ask for
+        # (usage injection): take back what that added to the stream, and
+        # only that. Or the request went unchanged to learn the upstream's
+        # habit: watch what it sends unasked.
+        self._take_usage_chunk = self._take_usage_null = False
+        self._usage_watch: HabitWatch | None = None
+        if isinstance(usage, TakeBack):
+            self._take_usage_chunk = usage.chunk
+            self._take_usage_null = usage.nulls
+        elif usage is not None:
+            self._usage_watch = usage
         #: On a resumable route: numbers and stores every event (ids stamped).
         self.journal = journal
         # The faces pass the framing their stream plan decided (it knows the
@@ -469,9 +479,14 @@ class Relay:
                 self._provisional = False
                 dialect = self._dialect = sniff(event, dialect)
             seen = dialect.inspect(event)
+            watch = self._usage_watch
+            if watch is not None:
+                watch.see(frame.raw, seen, now)
+                if watch.settled:
+                    self._usage_watch = None
             if seen is NOTHING:
                 continue
-            if seen.usage_only and self._injected_usage:
+            if seen.usage_only and self._take_usage_chunk:
                 hidden = [frame] if hidden is None else [*hidden, frame]
             if seen.text:
                 meter.content(seen.text, now, delivered=delivered)
@@ -485,8 +500,8 @@ class Relay:
             if seen.error:
                 meter.upstream_reported_error = True
         meter.events_in += events
-        if self._injected_usage:
-            frames = _as_sent_without_injection(frames, hidden)
+        if hidden is not None or self._take_usage_null:
+            frames = _as_sent_without_injection(frames, hidden, self._take_usage_null)
             if hidden:
                 events -= len(hidden)
             if not frames:
@@ -524,7 +539,8 @@ class Relay:
         tools = self._filters.tool_arguments
         meter = self.meter
         dialect = self._dialect
-        injected = self._injected_usage
+        take_chunk = self._take_usage_chunk
+        take_null = self._take_usage_null
         delivered = not self._client_gone
         out: list[Frame] = []
         events = 0  # of the frames in out
@@ -544,6 +560,11 @@ class Relay:
                 self._provisional = False
                 dialect = self._dialect = sniff(event, dialect)
             seen = dialect.inspect(event)
+            watch = self._usage_watch
+            if watch is not None:
+                watch.see(frame.raw, seen, now)
+                if watch.settled:
+                    self._usage_watch = None
             text = ""
             terminal = False
             parts: list[str] | None = None
@@ -552,9 +573,9 @@ class Relay:
                     meter.usage_tokens = seen.output_tokens
                 if seen.input_tokens is not None:
                     meter.input_tokens = seen.input_tokens
-                if seen.usage_only and injected:
+                if seen.usage_only and take_chunk:
                     continue  # the client never asked for it: never held, never sent
-            if injected:
+            if take_null:
                 raw = without_usage_null(frame.raw)
                 if raw is not frame.raw:
                     # The event too: a redaction re-serialises from its data, which
@@ -763,11 +784,16 @@ def _without_usage_null(event: Event) -> Event:
     return Event(event.event, data, event.id)
 
 
-def _as_sent_without_injection(frames: list[Frame], hidden: list[Frame] | None) -> list[Frame]:
+def _as_sent_without_injection(
+    frames: list[Frame], hidden: list[Frame] | None, nulls: bool
+) -> list[Frame]:
     """The frames a client that never asked for usage would have received."""
     kept: list[Frame] = []
     for frame in frames:
         if hidden is not None and any(frame is h for h in hidden):
+            continue
+        if not nulls:
+            kept.append(frame)
             continue
         raw = without_usage_null(frame.raw)
         kept.append(frame if raw is frame.raw else Frame(raw, frame.event))

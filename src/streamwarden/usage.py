@@ -6,12 +6,25 @@ streams a token count only when the request asks for it with
 only estimate. With ``usage_injection: auto`` the sidecar adds that option
 to a streaming request that did not ask for it (:func:`inject_usage`),
 then takes back from the response what the option added
-(:func:`without_usage_null`, and the relay drops the usage-only chunk),
-so that the client receives exactly the bytes it would have received
-without it, while the meter gets the provider's own count.
+(:class:`TakeBack`), so that the client receives exactly the bytes it
+would have received without it, while the meter gets the provider's own
+count.
 
 What the option adds, per the API: every chunk carries ``"usage": null``,
 and one last chunk before ``[DONE]`` has ``"choices": []`` and the usage.
+What it adds *to a given upstream* depends on what that upstream sends
+when nobody asks: vLLM with ``--enable-force-include-usage`` and several
+hosted APIs send the usage chunk on every stream, SGLang-style servers
+write ``"usage": null`` on every chunk. Taking either back there would
+delete bytes the client gets directly. So the sidecar never changes a
+request to an upstream path before it has seen that path answer one
+unchanged request that asked for no usage (:class:`UsageHabits`,
+:class:`HabitWatch`): a path that volunteers usage is never injected
+(the count comes anyway), and on the others only what the upstream does
+not send by itself is taken back. The first such stream on a path (and
+one every :data:`HABIT_MEMORY` seconds, so that a redeployed upstream is
+learned again) is metered from the provider's count if it volunteers one,
+else estimated.
 
 Bodies that are not a JSON object, do not stream, already ask for usage,
 or are larger than the configured bound are sent unchanged. An upstream
@@ -24,14 +37,121 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["inject_usage", "refuses_stream_options", "without_usage_null"]
+from streamwarden.dialects.base import Observation
+
+__all__ = [
+    "HABIT_MEMORY",
+    "HabitWatch",
+    "TakeBack",
+    "UsageHabit",
+    "UsageHabits",
+    "UsageRole",
+    "inject_usage",
+    "refuses_stream_options",
+    "without_usage_null",
+]
+
+#: Seconds a learned habit is trusted; then one request goes unchanged again.
+HABIT_MEMORY = 600.0
+#: Upstream paths whose habit is remembered (the oldest is forgotten first):
+#: a client naming endless paths only makes the sidecar learn again.
+HABIT_PATHS = 256
 
 # "usage": null with the comma that joined it to its neighbour (either
 # side), whatever the spacing; only in chunks of a stream whose request the
 # sidecar changed.
 _USAGE_NULL = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,')
+# The same field anywhere, to tell whether an upstream writes it unasked.
+_ANY_USAGE_NULL = re.compile(rb'"usage"\s*:\s*null')
+
+
+@dataclass(frozen=True, slots=True)
+class UsageHabit:
+    """What an upstream path sends on a stream whose request asked for no usage."""
+
+    #: A usage count anyway (vLLM ``--enable-force-include-usage``, some hosted APIs).
+    volunteers: bool
+    #: ``"usage": null`` on its chunks anyway (servers that write every field).
+    marks_null: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TakeBack:
+    """What the relay takes back of the option the sidecar added to one request."""
+
+    #: The ``"choices": []`` chunk with the count (the upstream sends none unasked).
+    chunk: bool = True
+    #: ``"usage": null`` on each chunk (the upstream does not write it unasked).
+    nulls: bool = True
+
+
+class HabitWatch:
+    """One unchanged stream, read for its upstream's habit (fed by the relay).
+
+    Conclusive on the first usage count (the path volunteers it) or at the
+    terminal event (it did not); a stream cut before either teaches nothing.
+    """
+
+    __slots__ = ("_habits", "_nulls", "_path", "settled")
+
+    def __init__(self, habits: UsageHabits, path: str) -> None:
+        self._habits = habits
+        self._path = path
+        self._nulls = False
+        #: The habit is learned: nothing more to watch.
+        self.settled = False
+
+    def see(self, raw: bytes, seen: Observation, now: float) -> None:
+        """One event as it came from the upstream, and what its dialect read in it."""
+        if not self._nulls and b'"usage"' in raw and _ANY_USAGE_NULL.search(raw):
+            self._nulls = True
+        if seen.usage_only or seen.output_tokens is not None or seen.input_tokens is not None:
+            self._settle(UsageHabit(volunteers=True, marks_null=self._nulls), now)
+        elif seen.terminal:
+            self._settle(UsageHabit(volunteers=False, marks_null=self._nulls), now)
+
+    def _settle(self, habit: UsageHabit, now: float) -> None:
+        self.settled = True
+        self._habits.learn(self._path, habit, now)
+
+
+#: How the relay treats usage on one stream: what to take back of an
+#: injected option, a habit to watch for, or nothing.
+UsageRole = TakeBack | HabitWatch | None
+
+
+class UsageHabits:
+    """Per upstream path, what it sends unasked, and so what injection may take back."""
+
+    def __init__(self, memory: float = HABIT_MEMORY, paths: int = HABIT_PATHS) -> None:
+        self._memory = memory
+        self._paths = paths
+        self._known: OrderedDict[str, tuple[UsageHabit, float]] = OrderedDict()
+
+    def role(self, path: str, now: float) -> UsageRole:
+        """For a request the sidecar could inject: take back this, watch, or leave it.
+
+        ``None`` (send unchanged, nothing to take back): the path sends
+        usage unasked, so the meter gets the count without the option.
+        """
+        known = self._known.get(path)
+        if known is None or now - known[1] >= self._memory:
+            return HabitWatch(self, path)
+        habit = known[0]
+        if habit.volunteers:
+            return None
+        return TakeBack(chunk=True, nulls=not habit.marks_null)
+
+    def learn(self, path: str, habit: UsageHabit, now: float) -> None:
+        known = self._known
+        known[path] = (habit, now)
+        known.move_to_end(path)
+        while len(known) > self._paths:
+            known.popitem(last=False)
 
 
 def inject_usage(body: bytes) -> bytes | None:

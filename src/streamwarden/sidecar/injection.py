@@ -2,10 +2,12 @@
 
 :class:`UsageInjector` decides, per request, whether to ask the upstream
 for usage the client did not ask for, reads the (bounded) body to rewrite
-it, and remembers an upstream that refused the option: after a ``400``
-that names ``stream_options`` the request is sent again as the client
-sent it, and the sidecar does not inject there for
-:data:`REFUSAL_MEMORY` seconds.
+it, and remembers two things of its upstream: per path, what it sends
+when nobody asks for usage (:class:`~streamwarden.usage.UsageHabits`:
+learned from one unchanged stream before any request there is changed),
+and a refusal of the option: after a ``400`` that names
+``stream_options`` the request is sent again as the client sent it, and
+the sidecar does not inject there for :data:`REFUSAL_MEMORY` seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from aiohttp import web
 from streamwarden.config import ResolvedRoute
 from streamwarden.dialects import SSE_MEDIA_TYPE, detect
 from streamwarden.sidecar.upstream import Exchange, UpstreamError
-from streamwarden.usage import inject_usage
+from streamwarden.usage import TakeBack, UsageHabits, UsageRole, inject_usage
 
 __all__ = ["REFUSAL_MEMORY", "Buffered", "Rewritten", "UsageInjector", "read_refusal"]
 
@@ -44,6 +46,8 @@ class Rewritten:
 
     body: bytes
     original: bytes
+    #: What the relay takes back of the option on this stream.
+    take_back: TakeBack
 
 
 class UsageInjector:
@@ -52,6 +56,7 @@ class UsageInjector:
     def __init__(self, max_body_bytes: int) -> None:
         self.max_body_bytes = max_body_bytes
         self._refused_until = 0.0
+        self.habits = UsageHabits()
 
     def wanted(self, request: web.BaseRequest, route: ResolvedRoute) -> bool:
         """A streaming POST to an OpenAI-chat path on a route with ``usage_injection: auto``."""
@@ -80,10 +85,20 @@ class UsageInjector:
         whole = content.at_eof() and size <= self.max_body_bytes
         return b"".join(parts), whole
 
-    @staticmethod
-    def rewrite(body: bytes) -> Rewritten | None:
+    def rewrite(self, path: str, body: bytes) -> tuple[Rewritten | None, UsageRole]:
+        """The body to send (``None``: the client's own) and the relay's part in it.
+
+        A body that could carry the option is only changed on a path whose
+        habit is known; otherwise it goes as it came and its stream is
+        watched to learn the habit.
+        """
         injected = inject_usage(body)
-        return None if injected is None else Rewritten(injected, body)
+        if injected is None:
+            return None, None
+        role = self.habits.role(path, asyncio.get_running_loop().time())
+        if not isinstance(role, TakeBack):
+            return None, role
+        return Rewritten(injected, body, role), role
 
     def refused(self) -> None:
         """The upstream refused the option: leave it alone for a while."""

@@ -61,7 +61,7 @@ from streamwarden.sidecar.upstream import (
     request_head,
 )
 from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
-from streamwarden.usage import refuses_stream_options
+from streamwarden.usage import UsageRole, refuses_stream_options
 
 if TYPE_CHECKING:
     from streamwarden.telemetry import RequestTrace, Telemetry
@@ -260,6 +260,7 @@ class Proxy:
         if trace is not None:
             trace.named_model(body_start)
         rewritten: Rewritten | None = None
+        usage: UsageRole = None
         early = wants_stream and route.early_headers_after > 0
         if (
             wants_stream
@@ -268,7 +269,8 @@ class Proxy:
             and self._injector.wanted(request, route)
         ):
             body_start, whole = await self._injector.read(request, body_start)
-            rewritten = self._injector.rewrite(body_start) if whole else None
+            if whole:
+                rewritten, usage = self._injector.rewrite(request.path, body_start)
         body = self._request_body(request, body_start, rewritten)
         head = self._request_head(request, body, rewritten)
         slot = NO_SLOT
@@ -279,7 +281,15 @@ class Proxy:
             slot = held
         try:
             return await self._forward(
-                request, head, body, route, started, slot, early=early, rewritten=rewritten
+                request,
+                head,
+                body,
+                route,
+                started,
+                slot,
+                early=early,
+                rewritten=rewritten,
+                usage=usage,
             )
         finally:
             slot.release()
@@ -295,6 +305,7 @@ class Proxy:
         *,
         early: bool,
         rewritten: Rewritten | None = None,
+        usage: UsageRole = None,
     ) -> web.StreamResponse:
         """Send the request upstream and relay or copy back what it answers.
 
@@ -302,10 +313,10 @@ class Proxy:
         ``early_headers_after``), a slow upstream gets the client ``200
         text/event-stream`` and keep-alives while it thinks. With
         ``rewritten`` (usage injection), an upstream that refuses the
-        option gets the client's own request once more.
+        option gets the client's own request once more; ``usage`` is the
+        relay's part (take back what the option added, or watch a habit).
         """
         assert self.pool is not None
-        injected = rewritten is not None
         opening: asyncio.Future[Exchange] | None = None
         try:
             if early:
@@ -322,7 +333,7 @@ class Proxy:
                 answered = await self._refused_injection(request, exchange, rewritten)
                 if isinstance(answered, Buffered):
                     return _buffered_response(answered)
-                exchange, injected = answered, False
+                exchange, usage = answered, None
         except asyncio.CancelledError:
             if opening is not None:
                 opening.cancel()
@@ -335,7 +346,7 @@ class Proxy:
         if plan is None:
             slot.release()  # not a stream, whatever the request asked for
             return await self._pass_through(request, exchange, route)
-        return await self._relay(request, exchange, plan, route, started, slot, injected=injected)
+        return await self._relay(request, exchange, plan, route, started, slot, usage=usage)
 
     def _exchange(
         self, request: web.BaseRequest, head: bytes, body: RequestBody | None
@@ -407,7 +418,7 @@ class Proxy:
         started: float,
         plan: StreamPlan,
         headers: Mapping[str, str],
-        injected: bool = False,
+        usage: UsageRole = None,
     ) -> ActiveStream:
         relay = Relay(
             route.limits,
@@ -419,7 +430,7 @@ class Proxy:
             dialect=route.dialect,
             gap_observer=self._gap_observer,
             framing=plan.framing,
-            injected_usage=injected,
+            usage=usage,
             filters=route.output_filters,
         )
         if route.resumable and plan.framing == "sse" and self.resume is not None:
@@ -435,10 +446,10 @@ class Proxy:
         started: float,
         slot: Slot,
         *,
-        injected: bool = False,
+        usage: UsageRole = None,
     ) -> web.StreamResponse:
         upstream = exchange.head
-        stream = self._new_stream(request, route, started, plan, upstream.headers, injected)
+        stream = self._new_stream(request, route, started, plan, upstream.headers, usage)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in stream_response_headers(
             drop_hop_by_hop(upstream.headers.items()), drop_encoding=plan.decoded
