@@ -58,10 +58,13 @@ LOW_CARDINALITY_LABELS = {"dialect", "end_state", "route", "code", "le", "source
 # -- streams -------------------------------------------------------------------
 
 
-async def stream(url: str, path: str, headers: dict[str, str]) -> bytes:
+async def stream(
+    url: str, path: str, headers: dict[str, str], body: dict[str, Any] | None = None
+) -> bytes:
     async with aiohttp.ClientSession() as session:
         async with asyncio.timeout(10):
-            async with session.post(url + path, headers=headers, json={"stream": True}) as r:
+            sent = {"stream": True} if body is None else body
+            async with session.post(url + path, headers=headers, json=sent) as r:
                 assert r.status == 200
                 return await r.read()
 
@@ -116,7 +119,9 @@ async def test_metrics_have_the_designed_names_types_labels_and_buckets(
     # One stream of each kind, so that every labelled metric has a child:
     # completed after a slow first token (keep-alives), truncated (an error
     # event), and cancelled by the client (cancel propagation).
-    await stream(sidecar.proxy_url, CHAT, {**FAST, "x-mock-ttft": "0.35"})
+    # The whole one asks for usage itself: its count is the provider's.
+    asks = {"stream": True, "stream_options": {"include_usage": True}}
+    await stream(sidecar.proxy_url, CHAT, {**FAST, "x-mock-ttft": "0.35"}, asks)
     await stream(sidecar.proxy_url, CHAT, {**FAST, "x-mock-fault": "truncate"})
     await cancel_after_two_tokens(sidecar.proxy_url)
     await wait_finished(sidecar, 3)
@@ -158,8 +163,8 @@ async def test_metrics_have_the_designed_names_types_labels_and_buckets(
     (cancels,) = samples["streamwarden_cancel_propagation_seconds_count"]
     assert cancels.value == 1
     delivered = samples["streamwarden_tokens_delivered_total"]
-    # The whole answer's count is the provider's (usage injection); the cut
-    # streams' are estimated: one child per source.
+    # The whole answer's count is the provider's; the cut streams' are
+    # estimated: one child per source.
     assert {d.labels["source"] for d in delivered} == {"provider", "estimated"}
     total = sum(d.value for d in delivered)
     assert total == sum(r.meter.tokens_delivered for r in sidecar.tracker.finished)

@@ -86,7 +86,7 @@ def attributes(span: Any) -> dict[str, Any]:
     return out
 
 
-async def stream(url: str, request_id: str, **controls: str) -> None:
+async def stream(url: str, request_id: str, *, usage: bool = False, **controls: str) -> None:
     headers = {
         **FAST,
         **{f"x-mock-{k}": v for k, v in controls.items()},
@@ -94,7 +94,10 @@ async def stream(url: str, request_id: str, **controls: str) -> None:
         "traceparent": f"00-{TRACE_ID}-{PARENT}-01",
     }
     async with aiohttp.ClientSession() as session:
-        async with session.post(url + CHAT, headers=headers, json={"stream": True}) as response:
+        body: dict[str, Any] = {"stream": True}
+        if usage:
+            body["stream_options"] = {"include_usage": True}
+        async with session.post(url + CHAT, headers=headers, json=body) as response:
             if controls.get("cancel"):
                 await response.content.readany()
                 response.close()
@@ -112,7 +115,7 @@ async def test_each_stream_is_a_server_span_under_the_clients_trace_and_a_client
     sidecar = await start_sidecar(
         mock.url, otel_exporter="otlp-http", upstream_idle_timeout="300ms"
     )
-    await stream(sidecar.proxy_url, "completed")
+    await stream(sidecar.proxy_url, "completed", usage=True)  # the provider counts
     await stream(sidecar.proxy_url, "truncated", fault="truncate")
     await stream(sidecar.proxy_url, "cancelled", tokens="400", tps="20", cancel="1")
     await stream(sidecar.proxy_url, "timed-out", fault="stall", **{"fault-after": "2"})
@@ -139,7 +142,7 @@ async def test_each_stream_is_a_server_span_under_the_clients_trace_and_a_client
     assert seen["gen_ai.request.stream"] is True
     assert seen["gen_ai.usage.output_tokens"] == 8
     assert seen["gen_ai.usage.input_tokens"] >= 1  # the mock's count of the request body
-    assert seen["streamwarden.tokens.source"] == "provider"  # usage injection
+    assert seen["streamwarden.tokens.source"] == "provider"
     assert seen["streamwarden.tokens.delivered"] == 8
     assert seen["http.response.status_code"] == 200
     assert client.name == "chat openai-chat"

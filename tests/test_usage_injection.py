@@ -347,14 +347,16 @@ async def test_the_client_gets_every_byte_the_upstream_sends_it_unasked(
 
 def test_a_habit_is_learned_from_a_whole_stream_and_again_after_its_memory() -> None:
     from streamwarden.dialects.base import NOTHING, TERMINAL
+    from streamwarden.sse import Event, Frame
     from streamwarden.usage import HabitWatch, TakeBack, UsageHabit, UsageHabits
 
     habits = UsageHabits(memory=60.0, paths=2)
     watch = habits.role(CHAT, 0.0)
     assert isinstance(watch, HabitWatch)
-    watch.see(b'data: {"choices":[],"usage":null}\n\n', NOTHING, 1.0)
+    null = b'data: {"choices":[],"usage":null}\n\n'
+    watch.see(Frame(null, Event("message", null[6:-2], None)), NOTHING, 1.0)
     assert isinstance(habits.role(CHAT, 1.0), HabitWatch)  # not yet known
-    watch.see(b"data: [DONE]\n\n", TERMINAL, 2.0)  # whole, with nulls, no count
+    watch.see(Frame(b"data: [DONE]\n\n", Event("message", "[DONE]", None)), TERMINAL, 2.0)
     assert habits.role(CHAT, 3.0) == TakeBack(chunk=True, nulls=False)
     assert isinstance(habits.role(CHAT, 62.0), HabitWatch)  # learned again
     # A bounded memory: a third path forgets the oldest.

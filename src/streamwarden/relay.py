@@ -481,7 +481,7 @@ class Relay:
             seen = dialect.inspect(event)
             watch = self._usage_watch
             if watch is not None:
-                watch.see(frame.raw, seen, now)
+                watch.see(frame, seen, now)
                 if watch.settled:
                     self._usage_watch = None
             if seen is NOTHING:
@@ -562,7 +562,7 @@ class Relay:
             seen = dialect.inspect(event)
             watch = self._usage_watch
             if watch is not None:
-                watch.see(frame.raw, seen, now)
+                watch.see(frame, seen, now)
                 if watch.settled:
                     self._usage_watch = None
             text = ""

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamwarden.dialects.base import Observation
+from streamwarden.sse import Frame
 
 __all__ = [
     "HABIT_MEMORY",
@@ -77,6 +78,9 @@ class UsageHabit:
     volunteers: bool
     #: ``"usage": null`` on its chunks anyway (servers that write every field).
     marks_null: bool
+    #: Its events carry ``id:`` fields: an added usage chunk would take a
+    #: number and shift every id after it, so the path is never injected.
+    numbers_events: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,26 +100,31 @@ class HabitWatch:
     terminal event (it did not); a stream cut before either teaches nothing.
     """
 
-    __slots__ = ("_habits", "_nulls", "_path", "settled")
+    __slots__ = ("_habits", "_ids", "_nulls", "_path", "settled")
 
     def __init__(self, habits: UsageHabits, path: str) -> None:
         self._habits = habits
         self._path = path
         self._nulls = False
+        self._ids = False
         #: The habit is learned: nothing more to watch.
         self.settled = False
 
-    def see(self, raw: bytes, seen: Observation, now: float) -> None:
+    def see(self, frame: Frame, seen: Observation, now: float) -> None:
         """One event as it came from the upstream, and what its dialect read in it."""
+        raw = frame.raw
         if not self._nulls and b'"usage"' in raw and _ANY_USAGE_NULL.search(raw):
             self._nulls = True
+        if frame.event is not None and frame.event.id is not None:
+            self._ids = True  # the id persists: any event of a numbered stream has one
         if seen.usage_only or seen.output_tokens is not None or seen.input_tokens is not None:
-            self._settle(UsageHabit(volunteers=True, marks_null=self._nulls), now)
+            self._settle(True, now)
         elif seen.terminal:
-            self._settle(UsageHabit(volunteers=False, marks_null=self._nulls), now)
+            self._settle(False, now)
 
-    def _settle(self, habit: UsageHabit, now: float) -> None:
+    def _settle(self, volunteers: bool, now: float) -> None:
         self.settled = True
+        habit = UsageHabit(volunteers, self._nulls, self._ids)
         self._habits.learn(self._path, habit, now)
 
 
@@ -136,13 +145,14 @@ class UsageHabits:
         """For a request the sidecar could inject: take back this, watch, or leave it.
 
         ``None`` (send unchanged, nothing to take back): the path sends
-        usage unasked, so the meter gets the count without the option.
+        usage unasked, so the meter gets the count without the option, or
+        numbers its events, so no event can be added without changing ids.
         """
         known = self._known.get(path)
         if known is None or now - known[1] >= self._memory:
             return HabitWatch(self, path)
         habit = known[0]
-        if habit.volunteers:
+        if habit.volunteers or habit.numbers_events:
             return None
         return TakeBack(chunk=True, nulls=not habit.marks_null)
 
