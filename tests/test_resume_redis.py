@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import aiohttp
 import pytest
 
+from resume_cuts import SHAPES, assert_exact, chat_body, cut_everywhere, scripted_chat
 from streamwarden.mock import MockServer
 from streamwarden.mock.tokens import mock_text
 from streamwarden.resume import STREAM_ID_HEADER
@@ -124,6 +125,60 @@ async def test_a_client_cut_on_one_replica_resumes_on_the_other(
     await wait_for(lambda: len(first.tracker.finished) == 1)
     assert first.tracker.finished[-1].meter.end_state == "completed"
     assert 'streamwarden_resumes_total{result="ok"} 1.0' in second.metrics.render().decode()
+
+
+def known_to(replica: Sidecar) -> Callable[[str], Awaitable[None]]:
+    """Wait until the replica's store has the stream.
+
+    A stream's writes to Redis are off its hot path: a resume sent to another
+    replica in the instant after the first event can still be told
+    ``resume_expired``. That race is not what these tests are about.
+    """
+    resume_service = replica.proxy.resume
+    assert resume_service is not None
+
+    async def known(stream_id: str) -> None:
+        async def found() -> bool:
+            return await resume_service.backend.lookup(stream_id) is not None
+
+        await wait_until(found, what=f"stream {stream_id} in Redis")
+
+    return known
+
+
+@pytest.mark.parametrize("asks_usage", [False, True], ids=["plain", "asks-usage"])
+async def test_a_resume_on_the_other_replica_gets_exactly_the_events_not_seen(
+    replicas: tuple[Sidecar, Sidecar], asks_usage: bool
+) -> None:
+    first, second = replicas
+    whole, cuts = await cut_everywhere(
+        first.proxy_url + CHAT,
+        mock_headers("exact", tps=200, tokens=8),
+        chat_body(asks_usage),
+        resume_url=second.proxy_url + CHAT,
+        known=known_to(second),
+    )
+    assert len(whole) == 11 + asks_usage
+    assert_exact(whole, cuts)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+async def test_a_resume_on_the_other_replica_is_exact_whatever_the_upstream_ends_with(
+    start_sidecar: StartSidecar, redis_server: RedisServer, shape: str
+) -> None:
+    await redis_server.ready()
+    settings = {"on_client_gone": "detach", "resume_store": redis_server.url}
+    async with scripted_chat() as upstream:
+        first = await start_sidecar(upstream, **settings)
+        second = await start_sidecar(upstream, **settings)
+        whole, cuts = await cut_everywhere(
+            f"{first.proxy_url}/{shape}{CHAT}",
+            KEY,
+            chat_body(asks_usage=True),
+            resume_url=f"{second.proxy_url}/{shape}{CHAT}",
+            known=known_to(second),
+        )
+    assert_exact(whole, cuts)
 
 
 async def test_a_resume_with_other_credentials_on_another_replica_is_refused(
