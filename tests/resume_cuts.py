@@ -101,13 +101,23 @@ def _upstream_ids(asked: bool) -> list[bytes]:
     return blocks
 
 
+def _forced_usage(asked: bool) -> list[bytes]:
+    # vLLM --enable-force-include-usage: the usage chunk whether asked or not.
+    return _chat(asked, usage=True, done=True)
+
+
 def _ends_with_usage(asked: bool) -> list[bytes]:
     # A server that always counts, and whose stream ends with the usage chunk (no [DONE]).
     return _chat(asked, usage=True, done=False)
 
 
 #: The scripted upstream's answers, by the first segment of the request path.
-SHAPES = {"chat": _openai, "upstream-ids": _upstream_ids, "ends-with-usage": _ends_with_usage}
+SHAPES = {
+    "chat": _openai,
+    "upstream-ids": _upstream_ids,
+    "forced-usage": _forced_usage,
+    "ends-with-usage": _ends_with_usage,
+}
 
 
 class ScriptedChat:
@@ -164,7 +174,26 @@ class Cut:
 async def _read_whole(url: str, headers: Mapping[str, str], body: dict[str, Any]) -> list[bytes]:
     async with aiohttp.ClientSession() as session:
         async with session.post(url, headers=headers, json=body) as response:
-            return event_blocks(await response.read(), response.headers[STREAM_ID_HEADER])
+            return event_blocks(await response.read(), response.headers.get(STREAM_ID_HEADER, ""))
+
+
+_ID_LINE = re.compile(rb"^id:[^\n]*\n", re.MULTILINE)
+
+
+async def read_direct(url: str, headers: Mapping[str, str], body: dict[str, Any]) -> list[bytes]:
+    """The event blocks a client gets with no sidecar, without their ``id`` lines."""
+    return [_ID_LINE.sub(b"", block) for block in await _read_whole(url, headers, body)]
+
+
+def assert_as_direct(whole: list[bytes], direct: list[bytes]) -> None:
+    """The stream through a resumable route is the direct one, but for its own ids.
+
+    (An error event after the direct events is the one documented addition
+    a stream that ends without its terminal event gets.)
+    """
+    ours = [_ID_LINE.sub(b"", block) for block in whole]
+    assert ours[: len(direct)] == direct
+    assert all(b'"code":"stream_truncated"' in extra for extra in ours[len(direct) :])
 
 
 #: Waits, before a resume, until the store that serves it knows the stream (by id).

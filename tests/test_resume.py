@@ -18,7 +18,15 @@ import openai
 import pytest
 from aiohttp import web
 
-from resume_cuts import SHAPES, assert_exact, chat_body, cut_everywhere, scripted_chat
+from resume_cuts import (
+    SHAPES,
+    assert_as_direct,
+    assert_exact,
+    chat_body,
+    cut_everywhere,
+    read_direct,
+    scripted_chat,
+)
 from streamwarden.mock import MockServer
 from streamwarden.mock.tokens import mock_text
 from streamwarden.resume import STREAM_ID_HEADER
@@ -203,14 +211,16 @@ async def test_an_explicit_stop_closes_a_detached_stream_at_once(
 
 @pytest.mark.parametrize("asks_usage", [False, True], ids=["plain", "asks-usage"])
 async def test_a_resume_after_any_event_gets_exactly_the_events_not_seen(
-    resumable: Sidecar, asks_usage: bool
+    mock: MockServer, resumable: Sidecar, asks_usage: bool
 ) -> None:
     # The mock with the default usage_injection: the sidecar may ask it for
     # usage the client did not ask for, and takes back what that adds (the
     # usage chunk, "usage": null), from the journal as from the live stream:
     # an upstream sends one event more than such a client is ever handed.
     headers = mock_headers("exact", tps=200, tokens=8)
+    direct = await read_direct(mock.url + CHAT, headers, chat_body(asks_usage))
     whole, cuts = await cut_everywhere(resumable.proxy_url + CHAT, headers, chat_body(asks_usage))
+    assert_as_direct(whole, direct)
     assert len(whole) == 11 + asks_usage and whole[-1].startswith(b"data: [DONE]\n")
     assert sum(b'"choices":[]' in event for event in whole) == asks_usage
     assert any(b'"usage":null' in event for event in whole) == asks_usage
@@ -224,9 +234,11 @@ async def test_a_resume_gets_exactly_the_events_not_seen_whatever_the_upstream_e
 ) -> None:
     async with scripted_chat() as upstream:
         sidecar = await start_sidecar(upstream, on_client_gone="detach", resume_window="5s")
+        direct = await read_direct(f"{upstream}/{shape}{CHAT}", KEY, chat_body(asks_usage))
         url = f"{sidecar.proxy_url}/{shape}{CHAT}"
         whole, cuts = await cut_everywhere(url, KEY, chat_body(asks_usage))
     assert all(b"up-" not in event for event in whole)  # the sidecar owns the id field
+    assert_as_direct(whole, direct)  # a usage chunk of the upstream's own included
     assert_exact(whole, cuts)
 
 

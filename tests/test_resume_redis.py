@@ -18,7 +18,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import aiohttp
 import pytest
 
-from resume_cuts import SHAPES, assert_exact, chat_body, cut_everywhere, scripted_chat
+from resume_cuts import (
+    SHAPES,
+    assert_as_direct,
+    assert_exact,
+    chat_body,
+    cut_everywhere,
+    read_direct,
+    scripted_chat,
+)
 from streamwarden.mock import MockServer
 from streamwarden.mock.tokens import mock_text
 from streamwarden.resume import STREAM_ID_HEADER
@@ -171,13 +179,16 @@ async def test_a_resume_on_the_other_replica_is_exact_whatever_the_upstream_ends
     async with scripted_chat() as upstream:
         first = await start_sidecar(upstream, **settings)
         second = await start_sidecar(upstream, **settings)
+        # A client that asks for no usage: the sidecar may add the option.
+        direct = await read_direct(f"{upstream}/{shape}{CHAT}", KEY, chat_body(asks_usage=False))
         whole, cuts = await cut_everywhere(
             f"{first.proxy_url}/{shape}{CHAT}",
             KEY,
-            chat_body(asks_usage=True),
+            chat_body(asks_usage=False),
             resume_url=f"{second.proxy_url}/{shape}{CHAT}",
             known=known_to(second),
         )
+    assert_as_direct(whole, direct)  # a usage chunk of the upstream's own included
     assert_exact(whole, cuts)
 
 

@@ -354,7 +354,7 @@ def test_a_habit_is_learned_from_a_whole_stream_and_again_after_its_memory() -> 
     watch = habits.role(CHAT, 0.0)
     assert isinstance(watch, HabitWatch)
     null = b'data: {"choices":[],"usage":null}\n\n'
-    watch.see(Frame(null, Event("message", null[6:-2], None)), NOTHING, 1.0)
+    watch.see(Frame(null, Event("message", null[6:-2].decode(), None)), NOTHING, 1.0)
     assert isinstance(habits.role(CHAT, 1.0), HabitWatch)  # not yet known
     watch.see(Frame(b"data: [DONE]\n\n", Event("message", "[DONE]", None)), TERMINAL, 2.0)
     assert habits.role(CHAT, 3.0) == TakeBack(chunk=True, nulls=False)
