@@ -151,6 +151,7 @@ class StreamResponder:
         self._client_gone = False
         #: Counted in the detached-streams gauge (client gone, kept for a resume).
         self._detached = False
+        #: When the client's leaving stopped the app (cancel), for its cancel propagation.
         self._gone_at: float | None = None
         #: Bytes the app sent after the stream ended since its send() last yielded.
         self._unyielded = 0
@@ -544,7 +545,6 @@ class StreamResponder:
         now = self._loop.time()
         self._client_gone = True
         self._close_body()
-        self._gone_at = now
         relay, route = self._relay, self._route
         if relay is not None and route is not None:
             # on_client_gone: the app runs on for a resume (detach) or to its
@@ -561,6 +561,11 @@ class StreamResponder:
             self._detached = self._context.end.count_detached(relay)
         elif relay is not None:
             relay.client_gone(now)
+        if relay is None or not relay.draining:
+            # The app is stopped because its client left: its unwinding is the
+            # cancel propagation. An app that runs on (drain, detach) and is
+            # stopped later, by a window or a limit, has none, as in the sidecar.
+            self._gone_at = now
 
     def _too_slow(self) -> None:
         if self._client_gone:
