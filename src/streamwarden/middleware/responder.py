@@ -612,8 +612,12 @@ class StreamResponder:
                 log.debug("the app raised after its stream had ended", exc_info=error)
             await self._finish_body(out)
         finally:
-            await self._stop_helpers()
-            self._publish()
+            try:
+                await self._stop_helpers()
+            finally:
+                # Published even if the server cancels us while the helpers
+                # unwind: a stream left out of the register is never recorded.
+                self._publish()
         return reraise
 
     async def _finish_body(self, out: bytes) -> None:
