@@ -28,11 +28,15 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from streamwarden.config import load_settings
+from streamwarden.finish import StreamEnd, StreamIdentity
 from streamwarden.logs import STREAM_LOGGER
 from streamwarden.metrics import StreamMetrics
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.register import StreamRegister
-from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.relay import Relay
+from streamwarden.resume import STREAM_ID_HEADER, Journal
+from streamwarden.resume_service import ResumeService
 from streamwarden.sidecar import Sidecar
 from streamwarden.sse import Event, SSEDecoder
 from test_resume import KEY, read_events
@@ -294,3 +298,50 @@ async def test_a_streams_spans_end_the_same_through_both_faces(
             if name in seen:
                 seen[name] = True
     assert by_middleware == by_sidecar
+
+
+class BrokenStore:
+    """A store entry whose every write fails, as a store's code might."""
+
+    def append(self, seq: int, data: bytes) -> None:
+        raise OSError("the store is broken")
+
+    def end(self, state: str, dialect: str) -> None:
+        raise OSError("the store is broken")
+
+
+def test_a_journal_that_fails_at_the_end_still_leaves_the_register_and_the_gauge() -> None:
+    settings = load_settings(environ={}, overrides={"on_client_gone": "detach"})
+    route = settings.for_path(CHAT)
+    metrics = StreamMetrics()
+    register: StreamRegister[str] = StreamRegister()
+    end = StreamEnd(register, metrics, ResumeService(settings, metrics))
+    relay = Relay(
+        route.limits,
+        started_at=0.0,
+        now=0.0,
+        path=CHAT,
+        content_type="text/event-stream",
+        headers={},
+        framing="sse",
+        journal=Journal("a" * 32, BrokenStore()),
+    )
+    register.open("the stream")
+    relay.client_gone(1.0, detach_until=2.0)
+    counted = end.count_detached(relay)
+    assert counted and _gauge(metrics) == 1
+
+    with pytest.raises(OSError, match="the store is broken"):
+        end.publish(
+            "the stream",
+            relay,
+            StreamIdentity("1", "/", "POST", CHAT, 200),
+            now=3.0,
+            counted_detached=counted,
+        )
+    # The stream left the register (a drain waiting for it ends), with its
+    # record, and the gauge no longer counts it.
+    assert not register.active
+    (record,) = register.finished
+    assert record.meter.end_state == "client_cancelled"
+    assert _gauge(metrics) == 0

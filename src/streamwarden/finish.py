@@ -23,7 +23,10 @@ one order, by the same rules for both:
 Steps 3 to 5 run even if the journal's steps raise (a store's sink, say):
 a stream left in the register would hold a drain until its deadline, the
 gauge would count it forever, and spans that never end are lost to the
-trace. No I/O and no event loop here.
+trace. What differs between the faces is what they pass: their entry in
+the register (the sidecar's ``ActiveStream``, the middleware's responder),
+the stream's :class:`StreamIdentity`, its spans, and their clock. No I/O
+and no event loop here.
 """
 
 from __future__ import annotations
