@@ -22,7 +22,8 @@ import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
-from streamwarden.logs import log_unless_configured, stream_logger
+from streamwarden.finish import StreamEnd
+from streamwarden.logs import log_unless_configured
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
@@ -60,8 +61,6 @@ class StreamWardenMiddleware:
         #: Streams in flight and the recently finished ones.
         self.streams = Streams()
         self.metrics = StreamMetrics(active=lambda: len(self.streams.active))
-        self.streams.listeners.append(self.metrics.stream_finished)
-        self.streams.listeners.append(stream_logger())
         #: Resumes and stops (``on_client_gone: detach``), answered before the app.
         self.resume = (
             ResumeService(self.settings, self.metrics)
@@ -77,10 +76,10 @@ class StreamWardenMiddleware:
         self._context = FaceContext(
             settings=self.settings,
             streams=self.streams,
+            end=StreamEnd(self.streams, self.metrics, self.resume),
             gap_observer=self.metrics.observe_gap,
             extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
             resume=self.resume,
-            metrics=self.metrics,
             telemetry=self.telemetry,
         )
         self._metrics_path = self.settings.metrics_path

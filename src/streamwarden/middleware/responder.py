@@ -64,6 +64,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from streamwarden.config import ResolvedRoute
+from streamwarden.finish import StreamIdentity
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.inflate import InflateError, Inflater
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
@@ -73,7 +74,6 @@ from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.resume import scope_headers
 from streamwarden.middleware.streams import FaceContext
 from streamwarden.plan import StreamPlan, plan_response
-from streamwarden.register import finished_record
 from streamwarden.relay import Relay
 from streamwarden.resume import STREAM_ID_HEADER
 
@@ -151,6 +151,7 @@ class StreamResponder:
         self._client_gone = False
         #: Counted in the detached-streams gauge (client gone, kept for a resume).
         self._detached = False
+        #: When the client's leaving stopped the app (cancel), for its cancel propagation.
         self._gone_at: float | None = None
         #: Bytes the app sent after the stream ended since its send() last yielded.
         self._unyielded = 0
@@ -544,7 +545,6 @@ class StreamResponder:
         now = self._loop.time()
         self._client_gone = True
         self._close_body()
-        self._gone_at = now
         relay, route = self._relay, self._route
         if relay is not None and route is not None:
             # on_client_gone: the app runs on for a resume (detach) or to its
@@ -558,11 +558,14 @@ class StreamResponder:
             if relay.draining:
                 self._inbox.hides_disconnect = True  # the app runs on, unaware
                 self._rearm_timer()  # a detached stream's deadline came sooner
-            if relay.detached and self._context.metrics is not None:
-                self._detached = True
-                self._context.metrics.detached.inc()
+            self._detached = self._context.end.count_detached(relay)
         elif relay is not None:
             relay.client_gone(now)
+        if relay is None or not relay.draining:
+            # The app is stopped because its client left: its unwinding is the
+            # cancel propagation. An app that runs on (drain, detach) and is
+            # stopped later, by a window or a limit, has none, as in the sidecar.
+            self._gone_at = now
 
     def _too_slow(self) -> None:
         if self._client_gone:
@@ -609,8 +612,12 @@ class StreamResponder:
                 log.debug("the app raised after its stream had ended", exc_info=error)
             await self._finish_body(out)
         finally:
-            await self._stop_helpers()
-            self._publish()
+            try:
+                await self._stop_helpers()
+            finally:
+                # Published even if the server cancels us while the helpers
+                # unwind: a stream left out of the register is never recorded.
+                self._publish()
         return reraise
 
     async def _finish_body(self, out: bytes) -> None:
@@ -631,20 +638,16 @@ class StreamResponder:
     def _publish(self) -> None:
         relay, route = self._relay, self._route
         assert relay is not None and route is not None
-        if not relay.done:  # an unexpected path in this face: never publish an open stream
-            relay.client_gone(self._loop.time())
         scope = self._scope
         method, path = str(scope.get("method", "")), str(scope.get("path", ""))
-        journal, resume = relay.journal, self._context.resume
-        if journal is not None and resume is not None:
-            relay.seal_journal()
-            resume.finished(journal, str(relay.end_state), relay.dialect)
-        if self._detached and self._context.metrics is not None:
-            self._context.metrics.detached.dec()
-        record = finished_record(self._stream_id, route.route, method, path, self._status, relay)
-        self._context.streams.close(self, record)
-        if self._trace is not None:
-            self._trace.end(self._status, record)
+        self._context.end.publish(
+            self,
+            relay,
+            StreamIdentity(self._stream_id, route.route, method, path, self._status),
+            now=self._loop.time(),
+            trace=self._trace,
+            counted_detached=self._detached,
+        )
 
 
 def _decode(message: Message) -> list[tuple[str, str]]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamwarden.config import Settings
+from streamwarden.finish import StreamEnd
 from streamwarden.meter import GapObserver
-from streamwarden.metrics import StreamMetrics
 from streamwarden.register import Listener, StreamRegister
 from streamwarden.resume_service import ResumeService
 
@@ -31,11 +31,12 @@ class FaceContext:
 
     settings: Settings
     streams: Streams
+    #: Where every stream ends: its record, metrics, log line, spans, journal.
+    end: StreamEnd[object]
     gap_observer: GapObserver | None = None
     #: ``settings.stream_media_types``, lower-cased, for the stream check.
     extra_media_types: frozenset[str] = field(default=frozenset())
     #: Resumes and stops, when some route keeps its streams for a resume.
     resume: ResumeService | None = None
-    metrics: StreamMetrics | None = None
     #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
     telemetry: Any = None

@@ -32,12 +32,13 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from streamwarden.config import ResolvedRoute, Settings
+from streamwarden.finish import StreamEnd, StreamIdentity
 from streamwarden.headers import drop_hop_by_hop, redact, redact_url, stream_response_headers
 from streamwarden.meter import GapObserver
 from streamwarden.metrics import StreamMetrics
 from streamwarden.plan import StreamPlan, asks_for_stream, plan_response
 from streamwarden.refusals import RefusalKind
-from streamwarden.register import NO_SLOT, Slot, finished_record
+from streamwarden.register import NO_SLOT, Slot
 from streamwarden.relay import Relay
 from streamwarden.resume import STREAM_ID_HEADER
 from streamwarden.resume_service import ResumeService
@@ -125,7 +126,6 @@ class Proxy:
         self._draining: set[asyncio.Future[None]] = set()
         self._websockets: WebSocketRelay | None = None
         self._trusted_networks = tuple(ipaddress.ip_network(n) for n in settings.trusted_proxies)
-        self._metrics = metrics
         self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
         #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
         self.telemetry: Telemetry | None = None
@@ -138,6 +138,8 @@ class Proxy:
         self.resume: ResumeService | None = None
         if ResumeService.wanted(settings):
             self.resume = ResumeService(settings, metrics)
+        #: Where every stream ends: its record, metrics, log line, spans, journal.
+        self._end = StreamEnd(tracker, metrics, self.resume)
 
     async def start(self) -> None:
         settings = self.settings
@@ -528,40 +530,73 @@ class Proxy:
         else closed) once the stream is over: when this returns, or, for a
         stream drained after its client left, when the drain ends.
         """
-        loop = asyncio.get_running_loop()
         relay = stream.relay
         self.tracker.open(stream)
-        driver: StreamDriver | None = None
-        drain = route.on_client_gone == "drain"
-        journal = relay.journal
-        resume = self.resume
-        # drain and detach read the upstream on after the client left.
-        reads_on = drain or journal is not None
-        in_background = False
-        driving: asyncio.Future[None] | None = None
-        detached = self._metrics.detached if self._metrics is not None else None
         trace: RequestTrace | None = request.get(_TRACE)
         if trace is not None:
             trace.streaming = True  # its spans end with the stream's record
+        identity = StreamIdentity(
+            stream.stream_id, route.route, request.method, request.path, status
+        )
+        run = _StreamRun(self._end, stream, identity, release_upstream, trace)
+        try:
+            await self._stream_body(request, response, run, plan, route, slot, drive)
+        except asyncio.CancelledError:
+            driving = run.driving
+            if driving is not None and relay.draining and not driving.done():
+                self._read_on(run, driving)
+            else:
+                run.client_left()
+            raise
+        except CLIENT_GONE:
+            relay.client_gone(asyncio.get_running_loop().time())
+            if run.driving is not None:
+                run.driving.cancel()
+        finally:
+            if not run.in_background:
+                run.conclude()
 
-        def conclude() -> None:
-            if driver is not None:
-                driver.finish()
-            release_upstream()  # once: Exchange.finish acts only the first time
-            if not relay.done:  # an unexpected error in this face
-                relay.client_gone(loop.time())
-            if journal is not None and resume is not None:
-                relay.seal_journal()
-                resume.finished(journal, str(relay.end_state), relay.dialect)
-            if in_background and detached is not None and journal is not None:
-                detached.dec()
-            record = finished_record(
-                stream.stream_id, route.route, request.method, request.path, status, relay
-            )
-            self.tracker.close(stream, record)
-            if trace is not None:
-                trace.end(status, record)
+    async def _stream_body(
+        self,
+        request: web.BaseRequest,
+        response: web.StreamResponse,
+        run: _StreamRun,
+        plan: StreamPlan,
+        route: ResolvedRoute,
+        slot: Slot,
+        drive: Callable[[StreamDriver], Awaitable[None]],
+    ) -> None:
+        """The stream's head, its body as the driver relays it, and its end to the client."""
+        await response.prepare(request)
+        channel = ClientChannel(request, response)
+        run.driver = driver = self._driver(request, channel, run.stream, plan, route)
+        if route.on_client_gone != "drain" and run.stream.relay.journal is None:
+            # In the handler's own task: a task more per stream would be
+            # memory in every open stream, and nothing outlives the client.
+            await drive(driver)
+        else:
+            # drain and detach read the upstream on after the client left.
+            # Shielded: the stream outlives the handler that aiohttp cancels
+            # when the client leaves.
+            run.driving = asyncio.ensure_future(drive(driver))
+            await asyncio.shield(run.driving)
+        # The slot goes back before the end reaches the client: it may ask
+        # again the moment it has it (an agent loop does).
+        slot.release()
+        if not channel.closed:
+            with contextlib.suppress(*CLIENT_GONE):
+                await response.write_eof()
 
+    def _driver(
+        self,
+        request: web.BaseRequest,
+        channel: ClientChannel,
+        stream: ActiveStream,
+        plan: StreamPlan,
+        route: ResolvedRoute,
+    ) -> StreamDriver:
+        """The stream's driver, told of its client leaving and, if resumable, of a stop."""
+        journal, resume = stream.relay.journal, self.resume
         holds = None
         if journal is not None and resume is not None:
             stream_id = journal.stream_id
@@ -569,64 +604,27 @@ class Proxy:
             async def holds() -> float | None:
                 return await resume.held_for(stream_id)
 
-        try:
-            await response.prepare(request)
-            channel = ClientChannel(request, response)
-            driver = StreamDriver(
-                channel,
-                stream,
-                plan,
-                route.client_write_timeout,
-                drain_on_gone=drain,
-                detach_window=route.resume_window if journal is not None else None,
-                holds=holds,
-            )
-            channel.on_gone(driver.client_gone)
-            if journal is not None and resume is not None:
-                resume.running(journal, request.headers.items(), driver.stop, relay.resumed)
-            if not reads_on:
-                # In the handler's own task: a task more per stream would be
-                # memory in every open stream, and nothing outlives the client.
-                await drive(driver)
-            else:
-                driving = asyncio.ensure_future(drive(driver))
-                try:
-                    # Shielded: with on_client_gone: drain or detach the stream
-                    # outlives the handler that aiohttp cancels when the client leaves.
-                    await asyncio.shield(driving)
-                except asyncio.CancelledError:
-                    if relay.draining and not driving.done():
-                        in_background = True
-                        if detached is not None and journal is not None:
-                            detached.inc()
-                        self._draining.add(driving)
-                        driving.add_done_callback(self._draining.discard)
-                        driving.add_done_callback(lambda _: conclude())
-                    else:
-                        driving.cancel()
-                    raise
-            # The slot goes back before the end reaches the client: it may ask
-            # again the moment it has it (an agent loop does).
-            slot.release()
-            if not channel.closed:
-                with contextlib.suppress(*CLIENT_GONE):
-                    await response.write_eof()
-        except asyncio.CancelledError:
-            if not in_background:
-                # The client disconnected (aiohttp cancels the handler); the
-                # driver has usually shut the upstream already, in the
-                # callback that read the client's FIN.
-                if driver is not None:
-                    driver.client_gone()
-                relay.client_gone(loop.time())
-            raise
-        except CLIENT_GONE:
-            relay.client_gone(loop.time())
-            if driving is not None:
-                driving.cancel()
-        finally:
-            if not in_background:
-                conclude()
+        driver = StreamDriver(
+            channel,
+            stream,
+            plan,
+            route.client_write_timeout,
+            drain_on_gone=route.on_client_gone == "drain",
+            detach_window=route.resume_window if journal is not None else None,
+            holds=holds,
+        )
+        channel.on_gone(driver.client_gone)
+        if journal is not None and resume is not None:
+            resume.running(journal, request.headers.items(), driver.stop, stream.relay.resumed)
+        return driver
+
+    def _read_on(self, run: _StreamRun, driving: asyncio.Future[None]) -> None:
+        """Let a drained or detached stream run on past its handler, then conclude it."""
+        run.in_background = True
+        counted_detached = self._end.count_detached(run.stream.relay)
+        self._draining.add(driving)
+        driving.add_done_callback(self._draining.discard)
+        driving.add_done_callback(lambda _: run.conclude(counted_detached))
 
     async def _pass_through(
         self, request: web.BaseRequest, exchange: Exchange, route: ResolvedRoute
@@ -733,6 +731,69 @@ class Proxy:
         elif request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         return request_head(request.method, self._prefix + request.raw_path, headers.items())
+
+
+class _StreamRun:
+    """One stream's part in the sidecar's handler: its driver, its task, and its end.
+
+    The driver, and its task when the stream reads on after its client
+    left (drain, detach), come as the stream goes; whatever ends it,
+    :meth:`conclude` does the sidecar's own cleanup (the upstream given
+    back or closed) and then the end every stream has, in both faces.
+    """
+
+    __slots__ = (
+        "_end",
+        "_identity",
+        "_release_upstream",
+        "_trace",
+        "driver",
+        "driving",
+        "in_background",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        end: StreamEnd[ActiveStream],
+        stream: ActiveStream,
+        identity: StreamIdentity,
+        release_upstream: Callable[[], None],
+        trace: RequestTrace | None,
+    ) -> None:
+        self._end = end
+        self.stream = stream
+        self._identity = identity
+        self._release_upstream = release_upstream
+        self._trace = trace
+        self.driver: StreamDriver | None = None
+        self.driving: asyncio.Future[None] | None = None
+        #: The stream runs on past its handler, which must not conclude it.
+        self.in_background = False
+
+    def client_left(self) -> None:
+        """aiohttp cancelled the handler: the client disconnected (or the server stops)."""
+        # The driver has usually shut the upstream already, in the callback
+        # that read the client's FIN.
+        if self.driving is not None:
+            self.driving.cancel()
+        if self.driver is not None:
+            self.driver.client_gone()
+        self.stream.relay.client_gone(asyncio.get_running_loop().time())
+
+    def conclude(self, counted_detached: bool = False) -> None:
+        """The stream is over: the upstream side back, then its record everywhere."""
+        if self.driver is not None:
+            self.driver.finish()
+        self._release_upstream()  # once: Exchange.finish acts only the first time
+        self._end.publish(
+            self.stream,
+            self.stream.relay,
+            self._identity,
+            now=asyncio.get_running_loop().time(),
+            trace=self._trace,
+            counted_detached=counted_detached,
+        )
 
 
 async def _continue(request: web.BaseRequest) -> bool:

@@ -27,7 +27,7 @@ from streamwarden._native import native_summary
 from streamwarden.config import Settings
 from streamwarden.headers import redact_url
 from streamwarden.live import recent_endings, stream_view
-from streamwarden.logs import RateLimitedWarnings, stream_logger
+from streamwarden.logs import RateLimitedWarnings
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.sidecar.engine_watch import EngineWatch
 from streamwarden.sidecar.http import GuardedServer
@@ -54,8 +54,6 @@ class Sidecar:
         self.settings = settings
         self.tracker = StreamTracker()
         self.metrics = StreamMetrics(active=lambda: len(self.tracker.active))
-        self.tracker.listeners.append(self.metrics.stream_finished)
-        self.tracker.listeners.append(stream_logger())
         self.proxy = Proxy(
             settings,
             self.tracker,
