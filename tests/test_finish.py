@@ -29,12 +29,12 @@ from starlette.routing import Route
 
 from middleware_apps import serve_in_process
 from streamwarden.config import load_settings
-from streamwarden.finish import StreamEnd, StreamIdentity
 from streamwarden.logs import STREAM_LOGGER
 from streamwarden.metrics import StreamMetrics
 from streamwarden.middleware import StreamWardenMiddleware
+from streamwarden.pipeline import FaceServices, Pipeline, StreamStart
+from streamwarden.plan import StreamPlan
 from streamwarden.register import StreamRegister
-from streamwarden.relay import Relay
 from streamwarden.resume import STREAM_ID_HEADER, Journal
 from streamwarden.resume_service import ResumeService
 from streamwarden.sidecar import Sidecar
@@ -315,30 +315,22 @@ def test_a_journal_that_fails_at_the_end_still_leaves_the_register_and_the_gauge
     route = settings.for_path(CHAT)
     metrics = StreamMetrics()
     register: StreamRegister[str] = StreamRegister()
-    end = StreamEnd(register, metrics, ResumeService(settings, metrics))
-    relay = Relay(
-        route.limits,
-        started_at=0.0,
-        now=0.0,
-        path=CHAT,
-        content_type="text/event-stream",
-        headers={},
-        framing="sse",
-        journal=Journal("a" * 32, BrokenStore()),
+    services = FaceServices("middleware", settings, metrics, ResumeService(settings, metrics))
+    pipeline = Pipeline(services, register)
+    plan = StreamPlan("sse", "identity", "text/event-stream")
+    flow = pipeline.open(
+        StreamStart("middleware", route, plan, "POST", CHAT, 200, (), {}, 0.0, 0.0)
     )
+    relay = flow.relay
+    assert relay.journal is not None  # the resume stage ran
+    relay.journal = Journal("a" * 32, BrokenStore())
     register.open("the stream")
     relay.client_gone(1.0, detach_until=2.0)
-    counted = end.count_detached(relay)
-    assert counted and _gauge(metrics) == 1
+    flow.counted_detached = pipeline.end.count_detached(relay)
+    assert flow.counted_detached and _gauge(metrics) == 1
 
     with pytest.raises(OSError, match="the store is broken"):
-        end.publish(
-            "the stream",
-            relay,
-            StreamIdentity("1", "/", "POST", CHAT, 200),
-            now=3.0,
-            counted_detached=counted,
-        )
+        pipeline.finish("the stream", flow, 3.0)
     # The stream left the register (a drain waiting for it ends), with its
     # record, and the gauge no longer counts it.
     assert not register.active

@@ -22,13 +22,13 @@ import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
-from streamwarden.finish import StreamEnd
 from streamwarden.logs import log_unless_configured
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
 from streamwarden.middleware.resume import answer_resume
 from streamwarden.middleware.streams import FaceContext, Streams
+from streamwarden.pipeline import FaceServices, Pipeline
 from streamwarden.resume_service import ResumeService
 
 log = logging.getLogger("streamwarden.middleware")
@@ -76,7 +76,16 @@ class StreamWardenMiddleware:
         self._context = FaceContext(
             settings=self.settings,
             streams=self.streams,
-            end=StreamEnd(self.streams, self.metrics, self.resume),
+            pipeline=Pipeline(
+                FaceServices(
+                    "middleware",
+                    self.settings,
+                    self.metrics,
+                    self.resume,
+                    self.metrics.observe_gap,
+                ),
+                self.streams,
+            ),
             gap_observer=self.metrics.observe_gap,
             extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
             resume=self.resume,

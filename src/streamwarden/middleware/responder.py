@@ -64,7 +64,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.finish import StreamIdentity
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.inflate import InflateError, Inflater
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
@@ -73,9 +72,9 @@ from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.resume import scope_headers
 from streamwarden.middleware.streams import FaceContext
+from streamwarden.pipeline import PipelineStream, StreamStart, request_headers
 from streamwarden.plan import StreamPlan, plan_response
 from streamwarden.relay import Relay
-from streamwarden.resume import STREAM_ID_HEADER
 
 __all__ = ["StreamResponder"]
 
@@ -105,7 +104,7 @@ class StreamResponder:
         "_body_closed",
         "_client_gone",
         "_context",
-        "_detached",
+        "_flow",
         "_gone_at",
         "_inbox",
         "_inflater",
@@ -118,7 +117,6 @@ class StreamResponder:
         "_server_send",
         "_started_at",
         "_status",
-        "_stream_id",
         "_timer",
         "_trace",
         "_unyielded",
@@ -141,7 +139,8 @@ class StreamResponder:
         self._inflater: Inflater | None = None
         self._route: ResolvedRoute | None = None
         self._status = 200
-        self._stream_id = ""
+        #: The stream through the pipeline: its relay, its stages, its end.
+        self._flow: PipelineStream | None = None
         self._lock: asyncio.Lock | None = None
         self._timer: asyncio.Task[None] | None = None
         #: No more writes to the client: the body ended, or the client is gone.
@@ -149,8 +148,6 @@ class StreamResponder:
         #: The app sent its last body message (``more_body`` false).
         self._app_closed = False
         self._client_gone = False
-        #: Counted in the detached-streams gauge (client gone, kept for a resume).
-        self._detached = False
         #: When the client's leaving stopped the app (cancel), for its cancel propagation.
         self._gone_at: float | None = None
         #: Bytes the app sent after the stream ended since its send() last yielded.
@@ -285,25 +282,30 @@ class StreamResponder:
         self, message: Message, headers: Mapping[str, str], plan: StreamPlan
     ) -> None:
         context = self._context
-        path: str = self._scope.get("path") or "/"
+        scope = self._scope
+        path: str = scope.get("path") or "/"
         route = context.settings.for_path(path)
         loop = self._loop
-        relay = Relay(
-            route.limits,
-            started_at=self._started_at,
-            now=loop.time(),
-            path=path,
-            content_type=headers.get("content-type"),
-            headers=headers,
-            dialect=route.dialect,
-            gap_observer=context.gap_observer,
-            framing=plan.framing,
-            filters=route.output_filters,
+        if route.resumable and context.resume is not None:
+            await context.resume.ensure_started()  # the store's connection: I/O, ours
+        self._status = int(message.get("status", 200))
+        self._flow = flow = context.pipeline.open(
+            StreamStart(
+                "middleware",
+                route,
+                plan,
+                str(scope.get("method", "")),
+                path,
+                self._status,
+                request_headers(scope_headers(scope)),
+                headers,
+                self._started_at,
+                loop.time(),
+                trace=self._trace,
+            )
         )
-        resume = context.resume
-        if route.resumable and plan.framing == "sse" and resume is not None:
-            await resume.ensure_started()
-            relay.journal = resume.journal(scope_headers(self._scope), relay.dialect)
+        flow.on_stop = self._stop_by_owner
+        relay = flow.relay
         # Compressed streams are inflated and relayed, as in the sidecar
         # (plan.py says why), a bounded step at a time.
         self._inflater = Inflater(plan.encoding) if plan.decoded else None
@@ -311,18 +313,13 @@ class StreamResponder:
         self._admission.stop_looking()
         self._relay = relay
         self._route = route
-        self._status = int(message.get("status", 200))
         self._lock = asyncio.Lock()
-        self._stream_id = context.streams.next_id()
         context.streams.open(self)
         start = dict(message)
         headers_out = stream_response_headers(
             drop_hop_by_hop(_decode(message)), drop_encoding=plan.decoded
         )
-        journal = relay.journal
-        if journal is not None and resume is not None:
-            headers_out.append((STREAM_ID_HEADER, journal.stream_id))
-            resume.running(journal, scope_headers(self._scope), self._stop_by_owner, relay.resumed)
+        headers_out.extend(flow.headers)
         start["headers"] = _encode(headers_out)
         try:
             await self._server_send(start)
@@ -502,12 +499,11 @@ class StreamResponder:
 
     async def _run_detached_clock(self) -> None:
         """A timer of a stream whose client left: a resume's hold, then the relay's limits."""
-        relay, resume = self._relay, self._context.resume
-        assert relay is not None
-        journal = relay.journal
+        relay, flow = self._relay, self._flow
+        assert relay is not None and flow is not None
         loop = self._loop
-        if journal is not None and resume is not None and relay.detach_due(loop.time()):
-            left = await resume.held_for(journal.stream_id)
+        if flow.holds is not None and relay.detach_due(loop.time()):
+            left = await flow.holds()
             if left is not None:
                 relay.keep_detached(loop.time() + left)
                 relay.resumed()
@@ -558,7 +554,8 @@ class StreamResponder:
             if relay.draining:
                 self._inbox.hides_disconnect = True  # the app runs on, unaware
                 self._rearm_timer()  # a detached stream's deadline came sooner
-            self._detached = self._context.end.count_detached(relay)
+            assert self._flow is not None
+            self._flow.counted_detached = self._context.pipeline.end.count_detached(relay)
         elif relay is not None:
             relay.client_gone(now)
         if relay is None or not relay.draining:
@@ -636,18 +633,8 @@ class StreamResponder:
         await self._inbox.stop()
 
     def _publish(self) -> None:
-        relay, route = self._relay, self._route
-        assert relay is not None and route is not None
-        scope = self._scope
-        method, path = str(scope.get("method", "")), str(scope.get("path", ""))
-        self._context.end.publish(
-            self,
-            relay,
-            StreamIdentity(self._stream_id, route.route, method, path, self._status),
-            now=self._loop.time(),
-            trace=self._trace,
-            counted_detached=self._detached,
-        )
+        assert self._flow is not None
+        self._context.pipeline.finish(self, self._flow, self._loop.time())
 
 
 def _decode(message: Message) -> list[tuple[str, str]]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamwarden.config import Settings
-from streamwarden.finish import StreamEnd
 from streamwarden.meter import GapObserver
+from streamwarden.pipeline import Pipeline
 from streamwarden.register import Listener, StreamRegister
 from streamwarden.resume_service import ResumeService
 
@@ -31,8 +31,8 @@ class FaceContext:
 
     settings: Settings
     streams: Streams
-    #: Where every stream ends: its record, metrics, log line, spans, journal.
-    end: StreamEnd[object]
+    #: What runs on every stream, and where every stream ends.
+    pipeline: Pipeline[object]
     gap_observer: GapObserver | None = None
     #: ``settings.stream_media_types``, lower-cased, for the stream check.
     extra_media_types: frozenset[str] = field(default=frozenset())

@@ -32,14 +32,19 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from streamwarden.config import ResolvedRoute, Settings
-from streamwarden.finish import StreamEnd, StreamIdentity
 from streamwarden.headers import drop_hop_by_hop, redact, redact_url, stream_response_headers
 from streamwarden.meter import GapObserver
 from streamwarden.metrics import StreamMetrics
+from streamwarden.pipeline import (
+    FaceServices,
+    Pipeline,
+    PipelineStream,
+    StreamStart,
+    request_headers,
+)
 from streamwarden.plan import StreamPlan, asks_for_stream, plan_response
 from streamwarden.refusals import RefusalKind
 from streamwarden.register import NO_SLOT, Slot
-from streamwarden.relay import Relay
 from streamwarden.resume import STREAM_ID_HEADER
 from streamwarden.resume_service import ResumeService
 from streamwarden.sidecar import resume as resuming
@@ -138,8 +143,9 @@ class Proxy:
         self.resume: ResumeService | None = None
         if ResumeService.wanted(settings):
             self.resume = ResumeService(settings, metrics)
-        #: Where every stream ends: its record, metrics, log line, spans, journal.
-        self._end = StreamEnd(tracker, metrics, self.resume)
+        #: What runs on every stream, and where every stream ends.
+        services = FaceServices("sidecar", settings, metrics, self.resume, gap_observer)
+        self.pipeline: Pipeline[ActiveStream] = Pipeline(services, tracker)
 
     async def start(self) -> None:
         settings = self.settings
@@ -419,25 +425,26 @@ class Proxy:
         route: ResolvedRoute,
         started: float,
         plan: StreamPlan,
+        status: int,
         headers: Mapping[str, str],
         usage: UsageRole = None,
-    ) -> ActiveStream:
-        relay = Relay(
-            route.limits,
-            started_at=started,
-            now=asyncio.get_running_loop().time(),
-            path=request.path,
-            content_type=plan.content_type,
-            headers=headers,
-            dialect=route.dialect,
-            gap_observer=self._gap_observer,
-            framing=plan.framing,
-            usage=usage,
-            filters=route.output_filters,
+    ) -> tuple[ActiveStream, PipelineStream]:
+        start = StreamStart(
+            "sidecar",
+            route,
+            plan,
+            request.method,
+            request.path,
+            status,
+            request_headers(request.headers.items()),
+            headers,
+            started,
+            asyncio.get_running_loop().time(),
+            usage,
+            request.get(_TRACE),
         )
-        if route.resumable and plan.framing == "sse" and self.resume is not None:
-            relay.journal = self.resume.journal(request.headers.items(), relay.dialect)
-        return ActiveStream(self.tracker.next_id(), relay, route.route)
+        flow = self.pipeline.open(start)
+        return ActiveStream(flow.stream_id, flow.relay, route.route), flow
 
     async def _relay(
         self,
@@ -451,20 +458,20 @@ class Proxy:
         usage: UsageRole = None,
     ) -> web.StreamResponse:
         upstream = exchange.head
-        stream = self._new_stream(request, route, started, plan, upstream.headers, usage)
+        stream, flow = self._new_stream(
+            request, route, started, plan, upstream.status, upstream.headers, usage
+        )
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in stream_response_headers(
             drop_hop_by_hop(upstream.headers.items()), drop_encoding=plan.decoded
         ):
             response.headers.add(name, value)
-        _name_stream(response, stream)
+        _add_headers(response, flow)
 
         async def drive(driver: StreamDriver) -> None:
             await driver.run(exchange)
 
-        await self._run_stream(
-            request, response, stream, plan, route, upstream.status, slot, drive, exchange.finish
-        )
+        await self._run_stream(request, response, stream, flow, slot, drive, exchange.finish)
         return response
 
     async def _relay_early(
@@ -482,11 +489,11 @@ class Proxy:
         """
         committed = {"Content-Type": "text/event-stream; charset=utf-8"}
         plan = StreamPlan("sse", "identity", committed["Content-Type"])
-        stream = self._new_stream(request, route, started, plan, committed)
+        stream, flow = self._new_stream(request, route, started, plan, 200, committed)
         response = web.StreamResponse(status=200)
         for name, value in stream_response_headers(committed.items()):
             response.headers.add(name, value)
-        _name_stream(response, stream)
+        _add_headers(response, flow)
         extra = self._extra_types
 
         def refusal(head: ResponseHead) -> str | None:
@@ -507,9 +514,7 @@ class Proxy:
             elif not opening.cancelled() and opening.exception() is None:
                 opening.result().finish()
 
-        await self._run_stream(
-            request, response, stream, plan, route, 200, slot, drive, settle_opening
-        )
+        await self._run_stream(request, response, stream, flow, slot, drive, settle_opening)
         return response
 
     async def _run_stream(
@@ -517,9 +522,7 @@ class Proxy:
         request: web.BaseRequest,
         response: web.StreamResponse,
         stream: ActiveStream,
-        plan: StreamPlan,
-        route: ResolvedRoute,
-        status: int,
+        flow: PipelineStream,
         slot: Slot,
         drive: Callable[[StreamDriver], Awaitable[None]],
         release_upstream: Callable[[], None],
@@ -532,15 +535,9 @@ class Proxy:
         """
         relay = stream.relay
         self.tracker.open(stream)
-        trace: RequestTrace | None = request.get(_TRACE)
-        if trace is not None:
-            trace.streaming = True  # its spans end with the stream's record
-        identity = StreamIdentity(
-            stream.stream_id, route.route, request.method, request.path, status
-        )
-        run = _StreamRun(self._end, stream, identity, release_upstream, trace)
+        run = _StreamRun(self.pipeline, stream, flow, release_upstream)
         try:
-            await self._stream_body(request, response, run, plan, route, slot, drive)
+            await self._stream_body(request, response, run, slot, drive)
         except asyncio.CancelledError:
             driving = run.driving
             if driving is not None and relay.draining and not driving.done():
@@ -561,16 +558,14 @@ class Proxy:
         request: web.BaseRequest,
         response: web.StreamResponse,
         run: _StreamRun,
-        plan: StreamPlan,
-        route: ResolvedRoute,
         slot: Slot,
         drive: Callable[[StreamDriver], Awaitable[None]],
     ) -> None:
         """The stream's head, its body as the driver relays it, and its end to the client."""
         await response.prepare(request)
         channel = ClientChannel(request, response)
-        run.driver = driver = self._driver(request, channel, run.stream, plan, route)
-        if route.on_client_gone != "drain" and run.stream.relay.journal is None:
+        run.driver = driver = _driver(channel, run.stream, run.flow)
+        if run.flow.start.route.on_client_gone != "drain" and run.stream.relay.journal is None:
             # In the handler's own task: a task more per stream would be
             # memory in every open stream, and nothing outlives the client.
             await drive(driver)
@@ -587,44 +582,13 @@ class Proxy:
             with contextlib.suppress(*CLIENT_GONE):
                 await response.write_eof()
 
-    def _driver(
-        self,
-        request: web.BaseRequest,
-        channel: ClientChannel,
-        stream: ActiveStream,
-        plan: StreamPlan,
-        route: ResolvedRoute,
-    ) -> StreamDriver:
-        """The stream's driver, told of its client leaving and, if resumable, of a stop."""
-        journal, resume = stream.relay.journal, self.resume
-        holds = None
-        if journal is not None and resume is not None:
-            stream_id = journal.stream_id
-
-            async def holds() -> float | None:
-                return await resume.held_for(stream_id)
-
-        driver = StreamDriver(
-            channel,
-            stream,
-            plan,
-            route.client_write_timeout,
-            drain_on_gone=route.on_client_gone == "drain",
-            detach_window=route.resume_window if journal is not None else None,
-            holds=holds,
-        )
-        channel.on_gone(driver.client_gone)
-        if journal is not None and resume is not None:
-            resume.running(journal, request.headers.items(), driver.stop, stream.relay.resumed)
-        return driver
-
     def _read_on(self, run: _StreamRun, driving: asyncio.Future[None]) -> None:
         """Let a drained or detached stream run on past its handler, then conclude it."""
         run.in_background = True
-        counted_detached = self._end.count_detached(run.stream.relay)
+        run.flow.counted_detached = self.pipeline.end.count_detached(run.stream.relay)
         self._draining.add(driving)
         driving.add_done_callback(self._draining.discard)
-        driving.add_done_callback(lambda _: run.conclude(counted_detached))
+        driving.add_done_callback(lambda _: run.conclude())
 
     async def _pass_through(
         self, request: web.BaseRequest, exchange: Exchange, route: ResolvedRoute
@@ -743,29 +707,26 @@ class _StreamRun:
     """
 
     __slots__ = (
-        "_end",
-        "_identity",
+        "_pipeline",
         "_release_upstream",
-        "_trace",
         "driver",
         "driving",
+        "flow",
         "in_background",
         "stream",
     )
 
     def __init__(
         self,
-        end: StreamEnd[ActiveStream],
+        pipeline: Pipeline[ActiveStream],
         stream: ActiveStream,
-        identity: StreamIdentity,
+        flow: PipelineStream,
         release_upstream: Callable[[], None],
-        trace: RequestTrace | None,
     ) -> None:
-        self._end = end
+        self._pipeline = pipeline
         self.stream = stream
-        self._identity = identity
+        self.flow = flow
         self._release_upstream = release_upstream
-        self._trace = trace
         self.driver: StreamDriver | None = None
         self.driving: asyncio.Future[None] | None = None
         #: The stream runs on past its handler, which must not conclude it.
@@ -781,19 +742,12 @@ class _StreamRun:
             self.driver.client_gone()
         self.stream.relay.client_gone(asyncio.get_running_loop().time())
 
-    def conclude(self, counted_detached: bool = False) -> None:
+    def conclude(self) -> None:
         """The stream is over: the upstream side back, then its record everywhere."""
         if self.driver is not None:
             self.driver.finish()
         self._release_upstream()  # once: Exchange.finish acts only the first time
-        self._end.publish(
-            self.stream,
-            self.stream.relay,
-            self._identity,
-            now=asyncio.get_running_loop().time(),
-            trace=self._trace,
-            counted_detached=counted_detached,
-        )
+        self._pipeline.finish(self.stream, self.flow, asyncio.get_running_loop().time())
 
 
 async def _continue(request: web.BaseRequest) -> bool:
@@ -810,11 +764,28 @@ async def _continue(request: web.BaseRequest) -> bool:
     return True
 
 
-def _name_stream(response: web.StreamResponse, stream: ActiveStream) -> None:
-    """A resumable stream's response names it, for a resume or a stop."""
-    journal = stream.relay.journal
-    if journal is not None:
-        response.headers[STREAM_ID_HEADER] = journal.stream_id
+def _add_headers(response: web.StreamResponse, flow: PipelineStream) -> None:
+    """What the stream's stages add to its head (a resumable stream's id, say)."""
+    for name, value in flow.headers:
+        response.headers[name] = value
+
+
+def _driver(channel: ClientChannel, stream: ActiveStream, flow: PipelineStream) -> StreamDriver:
+    """The stream's driver, told of its client leaving and able to stop it (a resume's stop)."""
+    route = flow.start.route
+    detached = stream.relay.journal is not None
+    driver = StreamDriver(
+        channel,
+        stream,
+        flow.start.plan,
+        route.client_write_timeout,
+        drain_on_gone=route.on_client_gone == "drain",
+        detach_window=route.resume_window if detached else None,
+        holds=flow.holds,
+    )
+    channel.on_gone(driver.client_gone)
+    flow.on_stop = driver.stop
+    return driver
 
 
 def _buffered_response(answer: Buffered) -> web.Response:

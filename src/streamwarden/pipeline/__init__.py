@@ -1,0 +1,125 @@
+"""The stream pipeline: what runs on every stream, decided once, and run alike by both faces.
+
+:data:`STAGES` is the plan: the capabilities a stream can have, one module
+each, in the order they act. A face builds one :class:`Pipeline` (the
+sidecar per process, the middleware per instance); for each response
+that is a stream it calls :meth:`Pipeline.open` with what it knows
+(:class:`~streamwarden.pipeline.stage.StreamStart`), which picks the
+stages this stream runs, builds its sans-I/O
+:class:`~streamwarden.relay.Relay` with what they configure, and lets
+them act on it; and at its end, whatever ended it, :meth:`Pipeline.finish`,
+which runs the one end every stream has (:class:`~streamwarden.finish.StreamEnd`)
+with the stages' closing hooks in it. What stays in a face is its I/O:
+moving bytes between the relay and its client and upstream (or app),
+its timers, and its own cleanup.
+
+A new capability is a module with a :class:`~streamwarden.pipeline.stage.Stage`
+subclass and a line in :data:`STAGES`; both faces run it, and the README's
+parity table (``python -m streamwarden.pipeline``) lists it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+from streamwarden.finish import StreamEnd, StreamIdentity
+from streamwarden.meter import StreamRecord
+from streamwarden.pipeline.filters import OutputFilters
+from streamwarden.pipeline.keepalive import KeepAlive
+from streamwarden.pipeline.limits import StreamLimits
+from streamwarden.pipeline.metering import Metering
+from streamwarden.pipeline.resume import ResumeJournal
+from streamwarden.pipeline.stage import (
+    Face,
+    FaceServices,
+    PipelineStream,
+    RelayOptions,
+    Stage,
+    StreamStart,
+    request_headers,
+)
+from streamwarden.pipeline.telemetry import Telemetry
+from streamwarden.pipeline.usage import UsageTakeBack
+from streamwarden.register import StreamRegister
+from streamwarden.relay import Relay
+
+__all__ = [
+    "STAGES",
+    "Face",
+    "FaceServices",
+    "Pipeline",
+    "PipelineStream",
+    "RelayOptions",
+    "Stage",
+    "StreamStart",
+    "request_headers",
+]
+
+#: The plan: every stage a stream can run, in the order they act.
+STAGES: list[type[Stage]] = [
+    KeepAlive,
+    StreamLimits,
+    Metering,
+    UsageTakeBack,
+    OutputFilters,
+    ResumeJournal,
+    Telemetry,
+]
+
+S = TypeVar("S")
+
+
+class Pipeline(Generic[S]):
+    """One face's pipeline: its stages, built once, and the end of its streams.
+
+    ``S`` is the face's entry in its register (the sidecar's
+    ``ActiveStream``, the middleware's responder).
+    """
+
+    __slots__ = ("end", "register", "stages")
+
+    def __init__(
+        self,
+        services: FaceServices,
+        register: StreamRegister[S],
+        stages: Sequence[type[Stage]] | None = None,
+    ) -> None:
+        self.register = register
+        self.end: StreamEnd[S] = StreamEnd(register, services.metrics)
+        built = (kind.build(services) for kind in (STAGES if stages is None else stages))
+        #: The stages this face runs (those with something to do here).
+        self.stages: tuple[Stage, ...] = tuple(stage for stage in built if stage is not None)
+
+    def open(self, start: StreamStart) -> PipelineStream:
+        """A new stream: its stages picked, its relay built, and the stages acting on it."""
+        planned = tuple(stage for stage in self.stages if stage.wanted(start))
+        route, plan = start.route, start.plan
+        options = RelayOptions(max_event_bytes=route.limits.max_event_bytes)
+        for stage in planned:
+            stage.configure(start, options)
+        relay = Relay(
+            options.limits(),
+            started_at=start.started_at,
+            now=start.now,
+            path=start.path,
+            content_type=plan.content_type,
+            headers=start.response_headers,
+            dialect=route.dialect,
+            gap_observer=options.gap_observer,
+            framing=plan.framing,
+            usage=options.usage,
+            filters=options.filters,
+        )
+        stream = PipelineStream(start, relay, self.register.next_id(), planned)
+        for stage in planned:
+            stage.opened(stream)
+        return stream
+
+    def finish(self, entry: S, stream: PipelineStream, now: float) -> StreamRecord:
+        """The stream is over (the face's own cleanup done): its one end, with its stages'."""
+        start = stream.start
+        identity = StreamIdentity(
+            stream.stream_id, start.route.route, start.method, start.path, start.status
+        )
+        return self.end.publish(entry, stream, identity, now=now)

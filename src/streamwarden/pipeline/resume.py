@@ -1,0 +1,53 @@
+"""Resume: every event journalled under an id of ours, so a dropped client can ask again."""
+
+from __future__ import annotations
+
+from streamwarden.pipeline.stage import FaceServices, PipelineStream, Stage, StreamStart
+from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.resume_service import ResumeService
+
+__all__ = ["ResumeJournal"]
+
+
+class ResumeJournal(Stage):
+    __slots__ = ("_service",)
+
+    name = "resume"
+    summary = (
+        "`on_client_gone: detach`: `id:` on every event, a journal in the store, "
+        "`Last-Event-ID` served from it"
+    )
+
+    def __init__(self, services: FaceServices, service: ResumeService) -> None:
+        super().__init__(services)
+        self._service = service
+
+    @classmethod
+    def build(cls, services: FaceServices) -> ResumeJournal | None:
+        return None if services.resume is None else cls(services, services.resume)
+
+    def wanted(self, start: StreamStart) -> bool:
+        # Ids are an SSE field: a line-framed stream has nowhere to carry one.
+        return start.route.resumable and start.plan.framing == "sse"
+
+    def opened(self, stream: PipelineStream) -> None:
+        relay, service, start = stream.relay, self._service, stream.start
+        journal = service.journal(start.request_headers, relay.dialect)
+        if journal is None:  # the store keeps no more streams now: a plain stream
+            return
+        relay.journal = journal
+        stream.headers.append((STREAM_ID_HEADER, journal.stream_id))
+        service.running(journal, start.request_headers, stream.stop, relay.resumed)
+        stream_id = journal.stream_id
+
+        async def holds() -> float | None:
+            return await service.held_for(stream_id)
+
+        stream.holds = holds
+
+    def closing(self, stream: PipelineStream) -> None:
+        relay = stream.relay
+        journal = relay.journal
+        if journal is not None:
+            relay.seal_journal()
+            self._service.finished(journal, str(relay.end_state), relay.dialect)

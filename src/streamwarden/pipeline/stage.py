@@ -1,0 +1,184 @@
+"""What a stage is: one capability on the path of every stream, with hooks both faces call.
+
+A stage knows nothing of aiohttp or ASGI. A face tells the pipeline what
+it knows when a response turns out to be a stream (:class:`StreamStart`);
+each stage that is :meth:`~Stage.wanted` for it then, in the order of the
+plan (:data:`streamwarden.pipeline.STAGES`):
+
+1. :meth:`~Stage.configure` sets what the relay is built with
+   (:class:`RelayOptions`: limits, the gap observer, usage take-back,
+   output filters);
+2. :meth:`~Stage.opened` acts on the stream once its relay exists: a
+   journal to record into, headers to add to the response's head, a
+   ``stop`` a resume service may call, a ``holds`` a detached stream asks;
+3. :meth:`~Stage.closing` runs at its end, before its record is written
+   (a journal sealed), and :meth:`~Stage.closed` after, with the record
+   (a span ended).
+
+Every hook does nothing unless a stage overrides it, so a stage says only
+what it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from streamwarden.config import ResolvedRoute, Settings
+from streamwarden.meter import GapObserver, StreamRecord
+from streamwarden.plan import StreamPlan
+from streamwarden.relay import Limits, Relay
+from streamwarden.usage import UsageRole
+
+if TYPE_CHECKING:
+    from streamwarden.filters import FilterSet
+    from streamwarden.metrics import StreamMetrics
+    from streamwarden.resume_service import ResumeService
+    from streamwarden.telemetry import RequestTrace
+
+__all__ = [
+    "Face",
+    "FaceServices",
+    "PipelineStream",
+    "RelayOptions",
+    "Stage",
+    "StreamStart",
+]
+
+#: The two faces over the one core.
+Face = Literal["sidecar", "middleware"]
+
+
+@dataclass(frozen=True, slots=True)
+class FaceServices:
+    """What one face (a sidecar process, a middleware instance) shares with its stages."""
+
+    face: Face
+    settings: Settings
+    metrics: StreamMetrics | None = None
+    resume: ResumeService | None = None
+    #: The inter-token gap histogram's observer (metrics on), or None.
+    gap_observer: GapObserver | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """What a face knows when a response turned out to be a stream."""
+
+    face: Face
+    route: ResolvedRoute
+    plan: StreamPlan
+    method: str
+    #: The request path without its query.
+    path: str
+    #: The response's status, as the client gets it.
+    status: int
+    #: The request's headers (a resumable stream's owner is made of them).
+    request_headers: tuple[tuple[str, str], ...]
+    #: The response's headers as the upstream or app sent them (case-insensitive
+    #: or lower-case names): the dialect is detected from them.
+    response_headers: Mapping[str, str]
+    #: When the request arrived, and now, on the face's clock.
+    started_at: float
+    now: float
+    #: The request side's part in usage injection (sidecar), or None.
+    usage: UsageRole = None
+    #: The request's OpenTelemetry spans, when telemetry is on.
+    trace: RequestTrace | None = None
+
+
+@dataclass(slots=True)
+class RelayOptions:
+    """What the relay of one stream is built with; the stages fill it in."""
+
+    #: Not a stage's: every buffer has its bound, whatever is planned.
+    max_event_bytes: int
+    #: The rest is "off" by default: a stage that is not planned adds nothing.
+    keepalive_interval: float = 0.0
+    upstream_idle_timeout: float = 0.0
+    max_stream_duration: float = 0.0
+    gap_observer: GapObserver | None = None
+    usage: UsageRole = None
+    filters: FilterSet | None = None
+
+    def limits(self) -> Limits:
+        return Limits(
+            self.keepalive_interval,
+            self.upstream_idle_timeout,
+            self.max_stream_duration,
+            self.max_event_bytes,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class PipelineStream:
+    """One stream through the pipeline: its relay, what its stages add, and its end."""
+
+    start: StreamStart
+    relay: Relay
+    #: The register's id for the stream.
+    stream_id: str
+    #: The stages planned for it, in order.
+    stages: tuple[Stage, ...]
+    #: Headers the stages add to the response's head.
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    #: The face's way to stop the stream at once (an owner's ``DELETE``).
+    on_stop: Callable[[], None] | None = None
+    #: For a detached stream: how much longer a resume holds it (``None``: nobody).
+    holds: Callable[[], Awaitable[float | None]] | None = None
+    #: Counted in the detached-streams gauge (client gone, kept for a resume).
+    counted_detached: bool = False
+    #: What stages keep on the stream between their hooks, by stage name.
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """Stop the stream now, through its face (a no-op before the face can)."""
+        if self.on_stop is not None:
+            self.on_stop()
+
+
+class Stage:
+    """One capability on the path of every stream; one subclass a module.
+
+    Subclasses name themselves (``name``), say in one line what they do
+    (``summary``, for the README's parity table), and where the middleware
+    cannot run them, why (``middleware_gap``). A stage is built once per
+    face with :meth:`build`, which may say it has nothing to do there.
+    """
+
+    __slots__ = ("services",)
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    #: Why the middleware cannot run this stage ("" when it can).
+    middleware_gap: ClassVar[str] = ""
+
+    def __init__(self, services: FaceServices) -> None:
+        self.services = services
+
+    @classmethod
+    def build(cls, services: FaceServices) -> Stage | None:
+        """The stage for one face, or ``None`` when it has nothing to do there."""
+        return cls(services)
+
+    def wanted(self, start: StreamStart) -> bool:
+        """Whether this stream runs the stage."""
+        return True
+
+    def configure(self, start: StreamStart, options: RelayOptions) -> None:
+        """Set what the relay is built with."""
+
+    def opened(self, stream: PipelineStream) -> None:
+        """Act on the stream once its relay exists, before its head goes out."""
+
+    def closing(self, stream: PipelineStream) -> None:
+        """The stream is over; its record is not written yet."""
+
+    def closed(self, stream: PipelineStream, record: StreamRecord) -> None:
+        """The stream's record is written."""
+
+
+def request_headers(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """A request's headers as a :class:`StreamStart` keeps them."""
+    return tuple(pairs)

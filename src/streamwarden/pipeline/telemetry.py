@@ -1,0 +1,30 @@
+"""Telemetry: the request's spans end with the stream's record, not with its head."""
+
+from __future__ import annotations
+
+from streamwarden.meter import StreamRecord
+from streamwarden.pipeline.stage import PipelineStream, Stage, StreamStart
+
+__all__ = ["Telemetry"]
+
+
+class Telemetry(Stage):
+    __slots__ = ()
+
+    name = "telemetry"
+    summary = (
+        "`otel_exporter`: a server span per stream, GenAI attributes and metrics from its record"
+    )
+
+    def wanted(self, start: StreamStart) -> bool:
+        return start.trace is not None
+
+    def opened(self, stream: PipelineStream) -> None:
+        trace = stream.start.trace
+        assert trace is not None
+        trace.streaming = True  # the face must not end it with the head
+
+    def closed(self, stream: PipelineStream, record: StreamRecord) -> None:
+        trace = stream.start.trace
+        assert trace is not None
+        trace.end(stream.start.status, record)
