@@ -34,11 +34,11 @@ from typing import Protocol
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.dialects import SSE_MEDIA_TYPE, Dialect, detect
 from streamwarden.headers import stream_response_headers
+from streamwarden.journal import Journal
 from streamwarden.metrics import StreamMetrics
 from streamwarden.relay import KEEPALIVE, ErrorCode
 from streamwarden.resume import (
     STREAM_ID_HEADER,
-    Journal,
     Position,
     ResumeResult,
     new_stream_id,

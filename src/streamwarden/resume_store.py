@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from streamwarden.config import Settings
+from streamwarden.journal import JournalSink
 from streamwarden.metrics import StreamMetrics
-from streamwarden.resume import JournalSink, MemoryStore
+from streamwarden.resume import MemoryStore
 
 __all__ = ["Batch", "MemoryBackend", "ResumeBackend", "StoreUnavailable", "open_backend"]
 
