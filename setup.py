@@ -2,7 +2,7 @@
 
 Everything else about the package is in ``pyproject.toml``. The modules
 below run once per upstream read and per event (framing, the dialects, the
-meter, the relay, the sidecar's upstream client and stream driver); mypyc
+meter, the relay, the upstream client and the sidecar's stream driver); mypyc
 compiles their typed Python to C extensions, which is what brings the
 sidecar's CPU per event under twice nginx's (``bench/README.md``). The same
 sources stay importable as plain Python: :mod:`streamwarden._native`
@@ -44,8 +44,8 @@ COMPILED = [
     "streamwarden/dialects/openai_chat.py",
     "streamwarden/dialects/openai_responses.py",
     "streamwarden/dialects/vercel_ai.py",
+    "streamwarden/upstream.py",
     "streamwarden/sidecar/driver.py",
-    "streamwarden/sidecar/upstream.py",
 ]
 
 #: The shared library of the compiled group (mypyc puts the code of every

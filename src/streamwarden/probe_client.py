@@ -1,7 +1,7 @@
 """The network face of ``streamwarden probe``: one streaming request, every read timed.
 
-It sends the request with the sidecar's own HTTP/1.1 client
-(:mod:`streamwarden.sidecar.upstream`) rather than httpx, because that
+It sends the request with the HTTP/1.1 client the sidecar uses
+(:mod:`streamwarden.upstream`) rather than httpx, because that
 client tells where each network read ends: its ``BodySink.read_done`` is
 called once per ``data_received``, that is once per ``recv`` from the
 socket, after the chunked framing of that read was parsed. httpx's
@@ -30,7 +30,7 @@ from yarl import URL
 from streamwarden import __version__
 from streamwarden.headers import SECRET_HEADERS
 from streamwarden.probe import Capture, Ending, Read
-from streamwarden.sidecar.upstream import (
+from streamwarden.upstream import (
     Origin,
     RequestBody,
     UpstreamError,

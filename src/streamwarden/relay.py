@@ -40,9 +40,9 @@ from enum import StrEnum
 
 from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stream_framing
 from streamwarden.filters import FilterRule, FilterSet, Holdback, Released, apply_cuts
+from streamwarden.journal import Journal, strip_ids
 from streamwarden.meter import EndState, GapObserver, StreamMeter
 from streamwarden.refusals import refusal_body
-from streamwarden.resume import Journal, strip_ids
 from streamwarden.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
 from streamwarden.usage import HabitWatch, TakeBack, UsageRole, without_usage_null
 

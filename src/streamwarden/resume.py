@@ -1,26 +1,22 @@
-"""Resumable streams, with no I/O: event ids, positions, owners, the journal, the memory store.
+"""Resumable streams, with no I/O: positions, owners, the memory store.
 
 On a route with ``on_client_gone: detach`` every event the relay forwards
-gets an ``id: <stream id>.<seq>`` field (the stream id is 128 random bits,
-the sequence counts the stream's events from 1) and is written to the
-stream's :class:`Journal`, whether or not its client is still there. A
-client that lost its connection asks again with ``Last-Event-ID: <stream
-id>.<n>`` (what a browser's ``EventSource`` sends by itself) or
-``?last_event_id=`` and is served the events after ``n`` from the store,
-then the rest live, never a second generation.
-
-On such a route the sidecar owns the ``id`` field: an upstream's own ``id``
-lines are removed from each event (they would otherwise reset the client's
-last event id to something the store does not know), and ours is the
-event's last field. Everything else in the block is forwarded as received.
+gets an ``id: <stream id>.<seq>`` field (the stream id is 128 random bits)
+and is written to the stream's journal, whether or not its client is still
+there; the journal is the core's (:mod:`streamwarden.journal`, re-exported
+here), since the relay writes it. A client that lost its connection asks
+again with ``Last-Event-ID: <stream id>.<n>`` (what a browser's
+``EventSource`` sends by itself) or ``?last_event_id=`` and is served the
+events after ``n`` from the store, then the rest live, never a second
+generation.
 
 Only the owner may resume: the store keeps a keyed digest of the original
 request's credentials (:func:`owner_digest`), and a resume that does not
 present the same ones is told exactly what it would be told of a stream
 that never existed.
 
-The store is behind the :class:`JournalSink` protocol: the bounded
-in-process :class:`MemoryStore` here, or Redis
+The store is behind the :class:`~streamwarden.journal.JournalSink`
+protocol: the bounded in-process :class:`MemoryStore` here, or Redis
 (:mod:`streamwarden.resume_redis`), whose writes are queued off the
 stream's path.
 """
@@ -35,8 +31,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
 from urllib.parse import parse_qsl
+
+# The journal moved to the core; its names stay importable from here.
+from streamwarden.journal import Journal, JournalSink, stamp, strip_ids
 
 __all__ = [
     "OWNER_HEADERS",
@@ -51,6 +49,7 @@ __all__ = [
     "owner_digest",
     "resume_position",
     "stamp",
+    "strip_ids",
 ]
 
 #: The response header that names a resumable stream.
@@ -59,8 +58,6 @@ STREAM_ID_HEADER = "Streamwarden-Stream-Id"
 OWNER_HEADERS = ("authorization", "x-api-key", "api-key", "cookie")
 
 _STREAM_ID = re.compile(r"^[0-9a-f]{32}$")
-# An ``id`` field line (the bare name or name and colon), at a line start.
-_ID_LINE = re.compile(rb"(?:(?<=[\r\n])|\A)id(?::[^\r\n]*)?(?:\r\n|\r|\n)")
 
 
 class ResumeResult(StrEnum):
@@ -140,77 +137,6 @@ def owner_digest(
 
 def same_owner(stored: str, presented: str) -> bool:
     return hmac.compare_digest(stored, presented)
-
-
-def _without_ids(raw: bytes) -> bytes:
-    # Most blocks have no id line, while nearly every JSON payload has an
-    # "id" key: three substring scans (well under a microsecond) spare the
-    # regex (several) on the path of every event.
-    if raw.startswith(b"id") or b"\nid" in raw or b"\rid" in raw:
-        return _ID_LINE.sub(b"", raw)
-    return raw
-
-
-def stamp(raw: bytes, event_id: bytes) -> bytes:
-    """One event block with the upstream's ``id`` lines removed and ``id: event_id`` last."""
-    return b"%bid: %b\n\n" % (_fields(raw), event_id)
-
-
-def _split_end(raw: bytes) -> tuple[bytes, bytes]:
-    """A block's field lines, and the line end of the empty line that ended it."""
-    if raw.endswith(b"\r\n"):
-        return raw[:-2], b"\r\n"
-    if raw.endswith((b"\n", b"\r")):
-        return raw[:-1], raw[-1:]
-    return raw, b""
-
-
-def _fields(raw: bytes) -> bytes:
-    """A block's field lines, without the empty line that ended it (nor id lines).
-
-    The empty line's end goes first: removing an id line before it could
-    join the CR ending the line above with that LF into one CRLF, and so
-    fold the block's end into its last field line.
-    """
-    return _without_ids(_split_end(raw)[0])
-
-
-def strip_ids(raw: bytes) -> bytes:
-    """A block that dispatches no event, without ``id`` lines (which would still set one)."""
-    body, end = _split_end(raw)
-    return _without_ids(body) + end
-
-
-class JournalSink(Protocol):
-    """Where a journal writes: one stream's entry in a store."""
-
-    def append(self, seq: int, data: bytes) -> None: ...
-
-    def end(self, state: str, dialect: str) -> None: ...
-
-
-class Journal:
-    """Numbers a resumable stream's events and writes each one to its store."""
-
-    __slots__ = ("_id_field", "_sink", "seq", "stream_id")
-
-    def __init__(self, stream_id: str, sink: JournalSink) -> None:
-        self.stream_id = stream_id
-        self._sink = sink
-        self._id_field = b"id: " + stream_id.encode() + b"."
-        #: The last event's sequence number (0: none yet).
-        self.seq = 0
-
-    def record(self, raw: bytes) -> bytes:
-        """Stamp one event block with the next id, store it, and return it."""
-        seq = self.seq = self.seq + 1
-        out = b"%b%b%d\n\n" % (_fields(raw), self._id_field, seq)
-        self._sink.append(seq, out)
-        return out
-
-    def end(self, state: str, dialect: str) -> None:
-        """The stream ended (``state``); ``dialect`` is what it turned out to be."""
-        self._sink.end(state, dialect)
 
 
 # -- the memory store ------------------------------------------------------------

@@ -42,9 +42,9 @@ from redis.exceptions import RedisError
 
 from streamwarden.config import Settings
 from streamwarden.headers import redact_url
+from streamwarden.journal import JournalSink
 from streamwarden.logs import RateLimitedWarnings
 from streamwarden.metrics import StreamMetrics
-from streamwarden.resume import JournalSink
 from streamwarden.resume_store import Batch, StoreUnavailable
 
 __all__ = ["RedisBackend"]

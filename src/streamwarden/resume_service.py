@@ -34,11 +34,11 @@ from typing import Protocol
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.dialects import SSE_MEDIA_TYPE, Dialect, detect
 from streamwarden.headers import stream_response_headers
+from streamwarden.journal import Journal
 from streamwarden.metrics import StreamMetrics
 from streamwarden.relay import KEEPALIVE, ErrorCode
 from streamwarden.resume import (
     STREAM_ID_HEADER,
-    Journal,
     Position,
     ResumeResult,
     new_stream_id,
@@ -46,9 +46,9 @@ from streamwarden.resume import (
     resume_position,
     same_owner,
 )
-from streamwarden.resume_store import Batch, ResumeBackend, StoreUnavailable, open_backend
+from streamwarden.resume_store import Batch, MemoryBackend, ResumeBackend, StoreUnavailable
 
-__all__ = ["Answer", "ResumeService"]
+__all__ = ["Answer", "ResumeService", "open_backend"]
 
 Headers = Iterable[tuple[str, str]]
 
@@ -125,6 +125,15 @@ def _stream_headers(stream_id: str | None) -> list[tuple[str, str]]:
     if stream_id is not None:
         headers.append((STREAM_ID_HEADER, stream_id))
     return headers
+
+
+def open_backend(settings: Settings, metrics: StreamMetrics | None = None) -> ResumeBackend:
+    """The store ``resume_store`` names (Redis is imported only when asked for)."""
+    if settings.resume_store == "memory":
+        return MemoryBackend(settings)
+    from streamwarden.resume_redis import RedisBackend
+
+    return RedisBackend(settings.resume_store, settings, metrics)
 
 
 class ResumeService:

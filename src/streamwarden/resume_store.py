@@ -11,7 +11,10 @@ detached stream is not closed under it at the end of its
 Two backends: :class:`MemoryBackend` (the bounded in-process
 :class:`~streamwarden.resume.MemoryStore`; a client resumes only where it
 started) and :class:`~streamwarden.resume_redis.RedisBackend` (shared by
-replicas). :func:`open_backend` picks one from ``resume_store``.
+replicas), which builds on this module's interface. The one that picks
+between them from ``resume_store`` is
+:func:`streamwarden.resume_service.open_backend`, above both, so that
+neither backend imports the other.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from streamwarden.config import Settings
-from streamwarden.metrics import StreamMetrics
-from streamwarden.resume import JournalSink, MemoryStore
+from streamwarden.journal import JournalSink
+from streamwarden.resume import MemoryStore
 
-__all__ = ["Batch", "MemoryBackend", "ResumeBackend", "StoreUnavailable", "open_backend"]
+__all__ = ["Batch", "MemoryBackend", "ResumeBackend", "StoreUnavailable"]
 
 
 class StoreUnavailable(Exception):
@@ -156,12 +159,3 @@ class MemoryBackend:
 
     async def close(self) -> None:
         return None
-
-
-def open_backend(settings: Settings, metrics: StreamMetrics | None = None) -> ResumeBackend:
-    """The store ``resume_store`` names (Redis is imported only when asked for)."""
-    if settings.resume_store == "memory":
-        return MemoryBackend(settings)
-    from streamwarden.resume_redis import RedisBackend
-
-    return RedisBackend(settings.resume_store, settings, metrics)

@@ -2,7 +2,7 @@
 
 Each upstream read is handled inside the upstream connection's
 ``data_received``: the parser hands the body to :class:`StreamDriver` (a
-:class:`~streamwarden.sidecar.upstream.BodySink`), which inflates it if it
+:class:`~streamwarden.upstream.BodySink`), which inflates it if it
 is compressed, feeds it to the stream's :class:`~streamwarden.relay.Relay`
 and writes whatever whole events that read completed to the client in one
 write. No queue, no task wake-up per event. The stream's task only does
@@ -38,7 +38,7 @@ from streamwarden.plan import StreamPlan
 from streamwarden.relay import ErrorCode, Relay
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
 from streamwarden.sidecar.streams import ActiveStream
-from streamwarden.sidecar.upstream import (
+from streamwarden.upstream import (
     Exchange,
     HeadTimeout,
     ResponseHead,
