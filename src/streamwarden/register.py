@@ -13,7 +13,7 @@ middleware's ``streams`` are this class), so that the rules are the same:
   stream is over (a client may ask again the moment it has the end);
 - a finished stream's record is built by :func:`finished_record`, from the
   relay, in one place; both faces end their streams through
-  :class:`~streamwarden.finish.StreamEnd`, which builds it and closes the
+  :class:`~streamwarden.pipeline.end.StreamEnd`, which builds it and closes the
   stream here.
 
 No I/O and no event loop: the sidecar adds its own wait for the register

@@ -8,7 +8,7 @@ that is a stream it calls :meth:`Pipeline.open` with what it knows
 stages this stream runs, builds its sans-I/O
 :class:`~streamwarden.relay.Relay` with what they configure, and lets
 them act on it; and at its end, whatever ended it, :meth:`Pipeline.finish`,
-which runs the one end every stream has (:class:`~streamwarden.finish.StreamEnd`)
+which runs the one end every stream has (:class:`~streamwarden.pipeline.end.StreamEnd`)
 with the stages' closing hooks in it. What stays in a face is its I/O:
 moving bytes between the relay and its client and upstream (or app),
 its timers, and its own cleanup.
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
-from streamwarden.finish import StreamEnd, StreamIdentity
 from streamwarden.meter import StreamRecord
+from streamwarden.pipeline.end import StreamEnd, StreamIdentity
 from streamwarden.pipeline.filters import OutputFilters
 from streamwarden.pipeline.keepalive import KeepAlive
 from streamwarden.pipeline.limits import StreamLimits
