@@ -11,7 +11,10 @@ class Metering(Stage):
     __slots__ = ()
 
     name = "metering"
-    summary = "tokens generated and delivered, zombies, TTFT and inter-token gaps, into the metrics"
+    summary = (
+        "inter-token gaps into their histogram as they happen (counts, TTFT and end state "
+        "are every stream's, from its record)"
+    )
 
     @classmethod
     def build(cls, services: FaceServices) -> Metering | None:

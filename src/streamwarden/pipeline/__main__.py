@@ -1,0 +1,7 @@
+"""``python -m streamwarden.pipeline``: the README's parity table, from the plan's stages."""
+
+from __future__ import annotations
+
+from streamwarden.pipeline.parity import parity_table
+
+print(parity_table())
