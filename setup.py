@@ -62,8 +62,22 @@ def _module(path: str) -> str:
     return name.removesuffix(".__init__")
 
 
+def _forget_stale_extensions() -> None:
+    """Remove the in-place extension of a module no longer compiled (moved, say).
+
+    An editable build leaves each module's extension beside its source, and
+    Python prefers an extension to a source of the same name: left there, a
+    moved module's old extension would shadow its new source.
+    """
+    kept = {str(SRC / path.removesuffix(".py")) for path in COMPILED}
+    for built in (SRC / "streamwarden").rglob("*.so"):
+        if str(built.parent / built.name.split(".", 1)[0]) not in kept:
+            built.unlink()
+
+
 def _compiled_extensions() -> list[Extension]:
     MANIFEST.unlink(missing_ok=True)
+    _forget_stale_extensions()
     if os.environ.get("STREAMWARDEN_PURE_PYTHON"):  # streamwarden._native.PURE_PYTHON
         return []
     try:
