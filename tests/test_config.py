@@ -348,3 +348,19 @@ def test_a_bad_value_that_holds_a_secret_is_told_without_it(
     text = str(caught.value)
     assert message in text
     assert "hunter2" not in text and "sk-live" not in text
+
+
+@pytest.mark.parametrize(
+    ("value", "networks"),
+    [
+        ("[]", ()),  # as the file writes it, and as run --help shows the default
+        ("", ()),
+        ("10.0.0.0/8, ::1", ("10.0.0.0/8", "::1/128")),
+        ("[10.0.0.0/8, 127.0.0.1]", ("10.0.0.0/8", "127.0.0.1/32")),
+    ],
+)
+def test_trusted_proxies_from_the_environment_as_a_list_or_a_string(
+    value: str, networks: tuple[str, ...]
+) -> None:
+    environ = {"STREAMWARDEN_TRUSTED_PROXIES": value}
+    assert load_settings(environ=environ).trusted_proxies == networks

@@ -720,9 +720,11 @@ def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             "redact_headers",
             "resume_owner_headers",
             "output_filters",
+            "trusted_proxies",  # also "10.0.0.0/8, ::1", which YAML reads as that string
         ):
             try:
-                found[key] = yaml.safe_load(value)
+                # An empty variable stays "" (trusted_proxies: no networks), not YAML's null.
+                found[key] = yaml.safe_load(value) if value.strip() else value
             except yaml.YAMLError:
                 raise ConfigError(f"{name}: {value!r} is not valid YAML") from None
         else:
