@@ -272,7 +272,7 @@ def test_help_that_teaches() -> None:
         [*run, "run", "--help"], capture_output=True, text=True, timeout=30, env=wide
     )
     text = " ".join(helped.stdout.split())
-    assert "default '0.0.0.0:8080'; STREAMWARDEN_LISTEN" in text
+    assert "(default: 0.0.0.0:8080; env STREAMWARDEN_LISTEN)" in text
     assert "one of auto, openai-chat, openai-responses, anthropic" in text
     assert "--set KEY=VALUE" in text and "STREAMWARDEN_<KEY>" in text
 
