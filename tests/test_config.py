@@ -272,7 +272,7 @@ def test_help_that_teaches() -> None:
         [*run, "run", "--help"], capture_output=True, text=True, timeout=30, env=wide
     )
     text = " ".join(helped.stdout.split())
-    assert "default '0.0.0.0:8080'; STREAMWARDEN_LISTEN" in text
+    assert "(default: 0.0.0.0:8080; env STREAMWARDEN_LISTEN)" in text
     assert "one of auto, openai-chat, openai-responses, anthropic" in text
     assert "--set KEY=VALUE" in text and "STREAMWARDEN_<KEY>" in text
 
@@ -348,3 +348,19 @@ def test_a_bad_value_that_holds_a_secret_is_told_without_it(
     text = str(caught.value)
     assert message in text
     assert "hunter2" not in text and "sk-live" not in text
+
+
+@pytest.mark.parametrize(
+    ("value", "networks"),
+    [
+        ("[]", ()),  # as the file writes it, and as run --help shows the default
+        ("", ()),
+        ("10.0.0.0/8, ::1", ("10.0.0.0/8", "::1/128")),
+        ("[10.0.0.0/8, 127.0.0.1]", ("10.0.0.0/8", "127.0.0.1/32")),
+    ],
+)
+def test_trusted_proxies_from_the_environment_as_a_list_or_a_string(
+    value: str, networks: tuple[str, ...]
+) -> None:
+    environ = {"STREAMWARDEN_TRUSTED_PROXIES": value}
+    assert load_settings(environ=environ).trusted_proxies == networks

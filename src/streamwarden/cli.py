@@ -19,12 +19,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from streamwarden import __version__
 from streamwarden._native import native_summary
 from streamwarden.config import (
+    CONFIG_FILE_VARIABLE,
     ENV_PREFIX,
     ConfigError,
     Settings,
+    env_variable,
+    key_choices,
     load_settings,
     parse_duration,
     parse_size,
+    written_default,
 )
 from streamwarden.dialects import DIALECT_NAMES
 
@@ -58,63 +62,36 @@ def _parser() -> argparse.ArgumentParser:
         "its streams alive and honest. Every setting comes, lowest to highest, from its "
         "default, the config file, the STREAMWARDEN_<KEY> environment variable, then these "
         "flags; --set KEY=VALUE reaches any key.",
-        epilog="Every other key (limits, routes, resume, engine counters...): --set KEY=VALUE, "
-        f"{ENV_PREFIX}<KEY>, or the config file; the README's Configuration table lists them "
-        "all. Check a file with: streamwarden check-config FILE",
+        formatter_class=_HelpFormatter,
     )
-    defaults = Settings()
     where = run.add_argument_group("where")
-    where.add_argument("--config", metavar="FILE", help=f"YAML config file ({ENV_PREFIX}CONFIG)")
-    _flag(where, defaults, "--upstream", "upstream", "URL", "http://, https:// or unix:/path.sock")
-    _flag(
-        where, defaults, "--listen", "listen", "HOST:PORT", "proxy address (:PORT: every interface)"
+    where.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"YAML config file (default: none; env {CONFIG_FILE_VARIABLE})",
     )
-    _flag(
-        where,
-        defaults,
-        "--admin-listen",
-        "admin_listen",
-        "HOST:PORT",
-        "/metrics, /healthz, /readyz",
-    )
+    _flag(where, "--upstream", "upstream", "URL", "http://, https:// or unix:/path.sock")
+    _flag(where, "--listen", "listen", "HOST:PORT", "proxy address; :PORT for every interface")
+    _flag(where, "--admin-listen", "admin_listen", "HOST:PORT", "/metrics, /healthz, /readyz")
     streams = run.add_argument_group("streams")
-    _flag(
-        streams, defaults, "--dialect", "dialect", "D", "stream wire format", choices=DIALECT_NAMES
-    )
+    _flag(streams, "--dialect", "dialect", "D", "stream wire format")
     _flag(
         streams,
-        defaults,
         "--keepalive-interval",
         "keepalive_interval",
         "DURATION",
         "quiet time before ': keep-alive'",
     )
     process = run.add_argument_group("process")
-    _flag(process, defaults, "--log-format", "log_format", "F", "", choices=("json", "text"))
-    _flag(
-        process,
-        defaults,
-        "--log-level",
-        "log_level",
-        "L",
-        "",
-        choices=("debug", "info", "warning", "error"),
-    )
-    _flag(
-        process,
-        defaults,
-        "--event-loop",
-        "event_loop",
-        "LOOP",
-        "auto: uvloop when installed",
-        choices=("auto", "asyncio", "uvloop"),
-    )
+    _flag(process, "--log-format", "log_format", "F", "")
+    _flag(process, "--log-level", "log_level", "L", "")
+    _flag(process, "--event-loop", "event_loop", "LOOP", "auto: uvloop when installed")
     process.add_argument(
         "--uvloop",
         dest="event_loop",
         action="store_const",
         const="uvloop",
-        help="same as --event-loop uvloop",
+        help=f"same as --event-loop uvloop (env {env_variable('event_loop')}=uvloop)",
     )
     process.add_argument(
         "--set",
@@ -123,8 +100,10 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="any config key (repeatable), e.g. --set max_concurrent_streams=500 "
-        "--set on_client_gone=detach; YAML values (--set 'stream_media_types=[a/b]')",
+        "--set on_client_gone=detach; YAML values (--set 'stream_media_types=[a/b]') "
+        f"(default: none; env {ENV_PREFIX}<KEY>, each listed below)",
     )
+    run.epilog = _other_keys(run)
 
     demo = commands.add_parser("demo", help="start a simulated model and the sidecar in front")
     demo.add_argument("--port", type=int, default=8080, help="sidecar port (0: any free port)")
@@ -281,27 +260,56 @@ def _probe_parser(commands: Any) -> None:
     probe.add_argument("--plot", metavar="FILE.png", help="draw send time against arrival time")
 
 
-def _flag(
-    group: argparse._ArgumentGroup,
-    defaults: Settings,
-    flag: str,
-    key: str,
-    metavar: str,
-    what: str,
-    choices: Sequence[str] | None = None,
-) -> None:
-    """One flag for a config key: its help shows the default and the variable."""
-    default = getattr(defaults, key)
-    shown = "(required)" if default is None else repr(default)
-    text = f"{what}; " if what else ""
+#: The settings ``run`` cannot do without (``_run`` refuses to start without them).
+_REQUIRED_FOR_RUN = frozenset({"upstream"})
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's layout, but an indented paragraph (a table) is kept as it is written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            if paragraph.startswith(" "):
+                paragraphs.append("\n".join(indent + line for line in paragraph.splitlines()))
+            else:
+                paragraphs.append(super()._fill_text(paragraph, width, indent))
+        return "\n\n".join(paragraphs)
+
+
+def _flag(group: argparse._ArgumentGroup, flag: str, key: str, metavar: str, what: str) -> None:
+    """One flag for a config key: its help shows the model's default, choices and variable."""
+    choices = key_choices(key)
+    parts = [what] if what else []
     if choices is not None:
-        text += f"one of {', '.join(choices)}; "
+        parts.append(f"one of {', '.join(choices)}")
+    shown = "required" if key in _REQUIRED_FOR_RUN else f"default: {written_default(key)}"
+    text = "; ".join(parts)
     group.add_argument(
         flag,
         dest=key,
         metavar=metavar,
         choices=choices,
-        help=f"{text}default {shown}; {ENV_PREFIX}{key.upper()}",
+        help=f"{text} ({shown}; env {env_variable(key)})".lstrip(),
+    )
+
+
+def _other_keys(parser: argparse.ArgumentParser) -> str:
+    """The epilog: every key without a flag of its own, its variable and its default."""
+    flagged = {action.dest for action in parser._actions}
+    rows = [
+        (env_variable(key), written_default(key))
+        for key in Settings.model_fields
+        if key not in flagged
+    ]
+    width = max(len(variable) for variable, _ in rows)
+    table = "\n".join(f"  {variable:<{width}}  {default}" for variable, default in rows)
+    return (
+        "Every other key, by its variable, with its default. In the config file and in "
+        f"--set KEY=VALUE, a key is its variable's name without {ENV_PREFIX}, in lower case; "
+        "durations are written 250ms, 15s, 2m, sizes 64KiB, 8MiB. The README's Configuration "
+        f"table says what each does.\n\n{table}\n\n"
+        "Check a file with: streamwarden check-config FILE"
     )
 
 
@@ -323,25 +331,24 @@ def _assignments(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
-    keys = (
-        "upstream",
-        "listen",
-        "admin_listen",
-        "dialect",
-        "keepalive_interval",
-        "log_format",
-        "log_level",
-        "event_loop",
-    )
     overrides: dict[str, Any] = _assignments(getattr(args, "assignments", []))
-    overrides.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
+    # A flag's destination is its key (see _flag): every flag given, none listed twice.
+    overrides.update(
+        {
+            key: value
+            for key, value in vars(args).items()
+            if key in Settings.model_fields and value is not None
+        }
+    )
     return load_settings(args.config, overrides=overrides)
 
 
 def _run(args: argparse.Namespace) -> int:
     settings = _settings_from(args)
-    if settings.upstream is None:
-        raise ConfigError("upstream: required (set --upstream, STREAMWARDEN_UPSTREAM or the file)")
+    for key in sorted(_REQUIRED_FOR_RUN):
+        if getattr(settings, key) is None:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{key}: required (set {flag}, {env_variable(key)} or the file)")
     from streamwarden.logs import configure_logging
     from streamwarden.sidecar import run_sidecar
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -42,16 +42,24 @@ from streamwarden.headers import redact_url
 from streamwarden.relay import Limits
 
 __all__ = [
+    "CONFIG_FILE_VARIABLE",
     "SIDECAR_ONLY",
     "ConfigError",
     "RouteSettings",
     "Settings",
+    "env_variable",
+    "format_duration",
+    "format_size",
+    "key_choices",
     "load_settings",
     "parse_duration",
     "parse_size",
+    "written_default",
 ]
 
 ENV_PREFIX = "STREAMWARDEN_"
+#: The variable that names the config file: a variable of the process, not a setting.
+CONFIG_FILE_VARIABLE = ENV_PREFIX + "CONFIG"
 
 
 class ConfigError(ValueError):
@@ -137,6 +145,30 @@ def parse_size(value: object) -> int:
         unit = match.group(2).lower() if match.group(2) else None
         return int(float(match.group(1)) * _SIZE_UNITS[unit])
     raise ValueError("size")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a user writes it, and :func:`parse_duration` reads it back.
+
+    Hours or minutes when the value is a whole number of two or more of them
+    (``30m``, not ``1800s``; ``60s``, not ``1m``), else seconds or
+    milliseconds when whole (``15s``, ``250ms``); zero is ``0``.
+    """
+    if seconds == 0:
+        return "0"
+    for unit, scale, least in (("h", 3600.0, 2), ("m", 60.0, 2), ("s", 1.0, 1), ("ms", 0.001, 1)):
+        count = round(seconds / scale, 6)
+        if count >= least and count.is_integer():
+            return f"{int(count)}{unit}"
+    return f"{seconds:g}s"
+
+
+def format_size(size: int) -> str:
+    """A size as a user writes it, and :func:`parse_size` reads it back: ``8MiB``, ``8190``."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
 
 
 def _host_port(value: object) -> str:
@@ -511,6 +543,56 @@ class ResolvedRoute:
 _KEYS = tuple(Settings.model_fields)
 
 
+def env_variable(key: str) -> str:
+    """The environment variable of a setting: ``STREAMWARDEN_<KEY>``."""
+    return ENV_PREFIX + key.upper()
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> Settings:
+    return Settings()
+
+
+def _read_by(key: str, parse: Any) -> bool:
+    """Whether a setting's values are read by ``parse`` (its type's validator)."""
+    return any(
+        isinstance(part, BeforeValidator) and part.func is parse
+        for part in Settings.model_fields[key].metadata
+    )
+
+
+def written_default(key: str) -> str:
+    """A setting's default as a user writes it: ``15s``, ``8MiB``, ``false``, ``[]``.
+
+    The model's own default, shown the way the file and the variable take it;
+    ``unset`` when it has no value.
+    """
+    value = getattr(_defaults(), key)
+    if value is None or (isinstance(value, SecretStr) and not value.get_secret_value()):
+        return "unset"
+    if isinstance(value, SecretStr):
+        return "(hidden)"
+    if _read_by(key, parse_duration):
+        return format_duration(value)
+    if _read_by(key, parse_size):
+        return format_size(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def key_choices(key: str) -> tuple[str, ...] | None:
+    """The values a setting takes when they are a fixed set (``log_level``), else ``None``."""
+    annotation = Settings.model_fields[key].annotation
+    if get_origin(annotation) is Literal:
+        return tuple(str(choice) for choice in get_args(annotation))
+    return None
+
+
 def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> str:
     loc = ".".join(str(part) for part in error.get("loc", ()))
     value = error.get("input")
@@ -616,7 +698,7 @@ _SERVICE_LINK = re.compile(
 
 #: Variables of the process, not settings: the config file's path, and
 #: whether the per-event modules run from source.
-_NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", PURE_PYTHON})
+_NOT_SETTINGS = frozenset({CONFIG_FILE_VARIABLE, PURE_PYTHON})
 
 
 def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -630,7 +712,7 @@ def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         if key not in _KEYS:
             guess = difflib.get_close_matches(key, _KEYS, n=1)
-            hint = f' (did you mean "{ENV_PREFIX}{guess[0].upper()}"?)' if guess else ""
+            hint = f' (did you mean "{env_variable(guess[0])}"?)' if guess else ""
             raise ConfigError(f'environment: unknown variable "{name}"{hint}')
         if key in (
             "routes",
@@ -638,9 +720,11 @@ def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             "redact_headers",
             "resume_owner_headers",
             "output_filters",
+            "trusted_proxies",  # also "10.0.0.0/8, ::1", which YAML reads as that string
         ):
             try:
-                found[key] = yaml.safe_load(value)
+                # An empty variable stays "" (trusted_proxies: no networks), not YAML's null.
+                found[key] = yaml.safe_load(value) if value.strip() else value
             except yaml.YAMLError:
                 raise ConfigError(f"{name}: {value!r} is not valid YAML") from None
         else:
@@ -660,7 +744,7 @@ def load_settings(
     """
     env = os.environ if environ is None else environ
     if config_file is None:
-        config_file = env.get(ENV_PREFIX + "CONFIG") or None
+        config_file = env.get(CONFIG_FILE_VARIABLE) or None
     data: dict[str, Any] = {}
     if config_file is not None:
         data.update(read_config_file(config_file))
