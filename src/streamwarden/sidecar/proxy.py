@@ -91,15 +91,14 @@ class Proxy:
         websocket_listener: SessionListener | None = None,
         metrics: StreamMetrics | None = None,
     ) -> None:
-        if settings.upstream is None:
-            raise ValueError("an upstream is required")
+        #: How requests reach the upstream (a ValueError without one): its
+        #: address, its credentials, the hops trusted.
+        self.forwarding = Forwarding(settings)
+        self.origin = self.forwarding.origin
         self.settings = settings
         self.tracker = tracker
         self._websocket_listener = websocket_listener
         self._extra_types = frozenset(t.lower() for t in settings.stream_media_types)
-        #: How requests reach the upstream: its address, its credentials, the hops trusted.
-        self.forwarding = Forwarding(settings)
-        self.origin = self.forwarding.origin
         self.pool: UpstreamPool | None = None
         self._websockets: WebSocketRelay | None = None
         self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
