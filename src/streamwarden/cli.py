@@ -54,7 +54,27 @@ def _parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"streamwarden {__version__} ({native_summary()})"
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _run_parser(commands)
 
+    demo = commands.add_parser("demo", help="start a simulated model and the sidecar in front")
+    demo.add_argument("--port", type=int, default=8080, help="sidecar port (0: any free port)")
+    demo.add_argument("--for", dest="duration", type=float, default=0.0, help=argparse.SUPPRESS)
+
+    mock = commands.add_parser(
+        "mock-upstream", help="run the simulated LLM upstream", add_help=False
+    )
+    mock.add_argument("args", nargs=argparse.REMAINDER)
+
+    check = commands.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("file")
+
+    _top_parser(commands)
+    _kubernetes_parsers(commands)
+    _probe_parser(commands)
+    return parser
+
+
+def _run_parser(commands: Any) -> None:
     run = commands.add_parser(
         "run",
         help="run the sidecar proxy",
@@ -105,18 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.epilog = _other_keys(run)
 
-    demo = commands.add_parser("demo", help="start a simulated model and the sidecar in front")
-    demo.add_argument("--port", type=int, default=8080, help="sidecar port (0: any free port)")
-    demo.add_argument("--for", dest="duration", type=float, default=0.0, help=argparse.SUPPRESS)
 
-    mock = commands.add_parser(
-        "mock-upstream", help="run the simulated LLM upstream", add_help=False
-    )
-    mock.add_argument("args", nargs=argparse.REMAINDER)
-
-    check = commands.add_parser("check-config", help="validate a config file and exit")
-    check.add_argument("file")
-
+def _top_parser(commands: Any) -> None:
     top = commands.add_parser(
         "top",
         help="show a sidecar's open streams, live",
@@ -132,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
     top.add_argument("--once", action="store_true", help="print one screen and exit")
 
+
+def _kubernetes_parsers(commands: Any) -> None:
+    """``inject`` and ``webhook``: the two ways to add the sidecar to pods."""
     inject = commands.add_parser(
         "inject",
         help="add the sidecar to Kubernetes manifests",
@@ -164,8 +177,6 @@ def _parser() -> argparse.ArgumentParser:
         "--log-format", default="json", choices=("json", "text"), help="default %(default)s"
     )
     _inject_flags(webhook)
-    _probe_parser(commands)
-    return parser
 
 
 def _inject_flags(parser: argparse.ArgumentParser) -> None:

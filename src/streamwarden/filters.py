@@ -812,6 +812,24 @@ def _decide(
             if end < 0:
                 continue
         whole.append((end, rule))
+    return _winner(whole, partials, pending, undecided, n, rules, compiled)
+
+
+def _winner(
+    whole: list[tuple[int, int]],
+    partials: list[int],
+    pending: bool,
+    undecided: bool,
+    n: int,
+    rules: Sequence[FilterRule],
+    compiled: _Compiled,
+) -> tuple[int, int, bool] | Any | None:
+    """Which of the matches at one start wins (see :func:`_decide`): ``(end, rule, closed)``.
+
+    ``whole`` are the whole matches as ``(end, rule)``, ``partials`` the
+    rules still matching at the text's end, ``pending`` whether more text
+    may still make a longer match.
+    """
     blocks = [
         (end, rule)
         for end, rule in whole

@@ -884,24 +884,37 @@ def render_text(report: Report, request_line: str, sent_headers: Sequence[tuple[
         lines.append(f"path delay: unknown ({why})")
     lines.extend(f"note: {note}" for note in report.notes)
     lines.extend(f"error event: {data}" for data in report.error_events)
-    if report.events:
-        lines.append("events:   #   arrival   read  path delay  event")
-        events = report.events
-        listed = (
-            events
-            if len(events) <= _LISTED_HEAD + _LISTED_TAIL
-            else [*events[:_LISTED_HEAD], None, *events[-_LISTED_TAIL:]]
+    lines.extend(_event_lines(report))
+    lines.extend(_verdict_lines(report))
+    return "\n".join(lines) + "\n"
+
+
+def _event_lines(report: Report) -> list[str]:
+    """The report's table of events: the first and last few, when there are many."""
+    if not report.events:
+        return []
+    lines = ["events:   #   arrival   read  path delay  event"]
+    events = report.events
+    listed = (
+        events
+        if len(events) <= _LISTED_HEAD + _LISTED_TAIL
+        else [*events[:_LISTED_HEAD], None, *events[-_LISTED_TAIL:]]
+    )
+    for event in listed:
+        if event is None:
+            lines.append(f"        ... {len(events) - _LISTED_HEAD - _LISTED_TAIL} more")
+            continue
+        mark = " (terminal)" if event.terminal else ""
+        lines.append(
+            f"      {event.index:4d} {event.at:8.3f} s {event.read:5d}  "
+            f"{_ms(event.delay):>10}  {event.name}{mark}"
         )
-        for event in listed:
-            if event is None:
-                lines.append(f"        ... {len(events) - _LISTED_HEAD - _LISTED_TAIL} more")
-                continue
-            mark = " (terminal)" if event.terminal else ""
-            lines.append(
-                f"      {event.index:4d} {event.at:8.3f} s {event.read:5d}  "
-                f"{_ms(event.delay):>10}  {event.name}{mark}"
-            )
-    lines.append("verdicts:")
+    return lines
+
+
+def _verdict_lines(report: Report) -> list[str]:
+    """A line per symptom (with its fix when found), then the result."""
+    lines = ["verdicts:"]
     for verdict in report.verdicts:
         label = verdict.finding.value.upper() if verdict.fails else verdict.finding.value
         if verdict.finding is Finding.FOUND and not verdict.fails:
@@ -911,7 +924,7 @@ def render_text(report: Report, request_line: str, sent_headers: Sequence[tuple[
             lines.append(f"  {'':<30} {'fix:':<9} {verdict.fix}")
     found = [v.symptom.value for v in report.verdicts if v.fails]
     lines.append(f"result: {', '.join(found) if found else 'clean'}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _count(number: int, noun: str) -> str:

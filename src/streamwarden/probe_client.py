@@ -136,33 +136,9 @@ def prepare(
         body = b""
     assert parsed.port is not None
     origin = Origin(parsed.scheme, parsed.host, parsed.port)
-    given: list[tuple[str, str]] = []
-    for header in headers:
-        name, sep, value = header.partition(":")
-        name, value = name.strip(), value.strip()
-        if not sep or not name or not all(c.isalnum() or c in "-_!#$%&'*+.^`|~" for c in name):
-            raise UsageError(f"-H {name or header!r}: expected 'Name: value'")
-        if any(c in value for c in "\r\n\x00"):
-            raise UsageError(f"-H {name}: the value holds a line break")
-        given.append((name, value))
+    defaults = _default_headers(origin, parsed, body, stamp, stall)
+    given = _given_headers(headers)
     names = {name.lower() for name, _ in given}
-    defaults: list[tuple[str, str]] = [
-        ("Host", origin.host_header),
-        ("User-Agent", f"streamwarden-probe/{__version__}"),
-        ("Accept", "text/event-stream"),
-        # What browsers send: a hop that compresses event streams shows itself.
-        ("Accept-Encoding", "gzip, deflate"),
-    ]
-    if body:
-        defaults.append(("Content-Type", "application/json"))
-    if parsed.user is not None:
-        token = f"{parsed.user}:{parsed.password or ''}".encode()
-        defaults.append(("Authorization", "Basic " + base64.b64encode(token).decode()))
-    if stamp:
-        # The mock's controls: headers survive any proxy that forwards them.
-        defaults.append(("x-mock-stamp", "1"))
-    if stall is not None:
-        defaults += [("x-mock-fault", "stall"), ("x-mock-delay", f"{stall:g}")]
     sent = [(n, v) for n, v in defaults if n.lower() not in names] + given
     sent = [(n, v) for n, v in sent if n.lower() != "content-length"]
     if body or method not in ("GET", "HEAD"):
@@ -185,6 +161,44 @@ def prepare(
         connect_timeout=connect_timeout,
         ca_bundle=ca_bundle,
     )
+
+
+def _given_headers(headers: Sequence[str]) -> list[tuple[str, str]]:
+    """The ``-H 'Name: value'`` flags as headers; raises :class:`UsageError`."""
+    given: list[tuple[str, str]] = []
+    for header in headers:
+        name, sep, value = header.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not all(c.isalnum() or c in "-_!#$%&'*+.^`|~" for c in name):
+            raise UsageError(f"-H {name or header!r}: expected 'Name: value'")
+        if any(c in value for c in "\r\n\x00"):
+            raise UsageError(f"-H {name}: the value holds a line break")
+        given.append((name, value))
+    return given
+
+
+def _default_headers(
+    origin: Origin, parsed: URL, body: bytes, stamp: bool, stall: float | None
+) -> list[tuple[str, str]]:
+    """The headers the probe sends unless a ``-H`` flag gives its own."""
+    defaults: list[tuple[str, str]] = [
+        ("Host", origin.host_header),
+        ("User-Agent", f"streamwarden-probe/{__version__}"),
+        ("Accept", "text/event-stream"),
+        # What browsers send: a hop that compresses event streams shows itself.
+        ("Accept-Encoding", "gzip, deflate"),
+    ]
+    if body:
+        defaults.append(("Content-Type", "application/json"))
+    if parsed.user is not None:
+        token = f"{parsed.user}:{parsed.password or ''}".encode()
+        defaults.append(("Authorization", "Basic " + base64.b64encode(token).decode()))
+    if stamp:
+        # The mock's controls: headers survive any proxy that forwards them.
+        defaults.append(("x-mock-stamp", "1"))
+    if stall is not None:
+        defaults += [("x-mock-fault", "stall"), ("x-mock-delay", f"{stall:g}")]
+    return defaults
 
 
 class _Recorder:

@@ -38,7 +38,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from streamwarden.dialects import NOTHING, Dialect, Framing, detect, sniff, stream_framing
+from streamwarden.dialects import (
+    NOTHING,
+    Dialect,
+    Framing,
+    Observation,
+    detect,
+    sniff,
+    stream_framing,
+)
 from streamwarden.filters import FilterRule, FilterSet, Holdback, Released, apply_cuts
 from streamwarden.journal import Journal, strip_ids
 from streamwarden.meter import EndState, GapObserver, StreamMeter
@@ -164,17 +172,8 @@ class Relay:
         filters: FilterSet | None = None,
     ) -> None:
         self._limits = limits
-        # The face asked the upstream for usage the client did not ask for
-        # (usage injection): take back what that added to the stream, and
-        # only that. Or the request went unchanged to learn the upstream's
-        # habit: watch what it sends unasked.
-        self._take_usage_chunk = self._take_usage_null = False
-        self._usage_watch: HabitWatch | None = None
-        if isinstance(usage, TakeBack):
-            self._take_usage_chunk = usage.chunk
-            self._take_usage_null = usage.nulls
-        elif usage is not None:
-            self._usage_watch = usage
+        # Usage injection: what to take back of it, or the habit to watch.
+        self._take_usage_chunk, self._take_usage_null, self._usage_watch = _usage_parts(usage)
         #: On a resumable route: numbers and stores every event (ids stamped).
         self.journal = journal
         # The faces pass the framing their stream plan decided (it knows the
@@ -467,7 +466,6 @@ class Relay:
             return self._forward_filtered(frames, now)
         meter = self.meter
         delivered = not self._client_gone
-        dialect = self._dialect
         events = 0
         hidden: list[Frame] | None = None
         for frame in frames:
@@ -475,15 +473,7 @@ class Relay:
             if event is None:
                 continue
             events += 1
-            if self._provisional:
-                self._provisional = False
-                dialect = self._dialect = sniff(event, dialect)
-            seen = dialect.inspect(event)
-            watch = self._usage_watch
-            if watch is not None:
-                watch.see(frame, seen, now)
-                if watch.settled:
-                    self._usage_watch = None
+            seen = self._inspect(frame, event, now)
             if seen is NOTHING:
                 continue
             if seen.usage_only and self._take_usage_chunk:
@@ -507,6 +497,23 @@ class Relay:
             if not frames:
                 return b""
         return self._emit(frames, events, now)
+
+    def _inspect(self, frame: Frame, event: Event, now: float) -> Observation:
+        """What the dialect reads in an event, after the first one settled which dialect it is.
+
+        A watch of the upstream's usage habit sees every event until it has
+        learned what it watches for.
+        """
+        if self._provisional:
+            self._provisional = False
+            self._dialect = sniff(event, self._dialect)
+        seen = self._dialect.inspect(event)
+        watch = self._usage_watch
+        if watch is not None:
+            watch.see(frame, seen, now)
+            if watch.settled:
+                self._usage_watch = None
+        return seen
 
     def _emit(self, frames: list[Frame], events: int, now: float) -> bytes:
         """Write whole frames (``events`` of them carry an event): journal, count, return."""
@@ -538,10 +545,8 @@ class Relay:
         assert holdback is not None and self._filters is not None
         tools = self._filters.tool_arguments
         meter = self.meter
-        dialect = self._dialect
         take_chunk = self._take_usage_chunk
         take_null = self._take_usage_null
-        delivered = not self._client_gone
         out: list[Frame] = []
         events = 0  # of the frames in out
         arrived = 0
@@ -556,18 +561,7 @@ class Relay:
                     out.append(frame)
                 continue
             arrived += 1
-            if self._provisional:
-                self._provisional = False
-                dialect = self._dialect = sniff(event, dialect)
-            seen = dialect.inspect(event)
-            watch = self._usage_watch
-            if watch is not None:
-                watch.see(frame, seen, now)
-                if watch.settled:
-                    self._usage_watch = None
-            text = ""
-            terminal = False
-            parts: list[str] | None = None
+            seen = self._inspect(frame, event, now)
             if seen is not NOTHING:
                 if seen.output_tokens is not None:
                     meter.usage_tokens = seen.output_tokens
@@ -576,53 +570,21 @@ class Relay:
                 if seen.usage_only and take_chunk:
                     continue  # the client never asked for it: never held, never sent
             if take_null:
-                raw = without_usage_null(frame.raw)
-                if raw is not frame.raw:
-                    # The event too: a redaction re-serialises from its data, which
-                    # must not bring back the field the client never asked for.
-                    event = _without_usage_null(event)
-                    frame = Frame(raw, event)
-            if dialect.repeats_text(event):  # a summary with whole texts: filtered as wholes
-                try:
-                    whole = self._whole_texts_filtered(frame, event)
-                except _UNWRITABLE:
-                    self._unwritable = True
-                    break
-                if isinstance(whole, FilterRule):
-                    blocked_by = whole
-                    break
-                frame = whole
-                event = whole.event or event
-            if (
-                seen is NOTHING
-                and event.data
-                and (tools or not dialect.carries_tool_arguments(event))
-            ):
-                # Text the dialect does not read (a field it does not know, an
-                # event type it does not expect, data it cannot parse) is still
-                # text a client may show: a match in it fails closed.
-                unread = self._filters.whole(event.data)
-                if unread.matched is not None:
-                    blocked_by = unread.blocked or unread.matched
-                    break
-            if seen is not NOTHING:
-                text = seen.text
-                if seen.terminal:
-                    self._terminal_seen = terminal = True
-                    meter.usage_final = True
-                if seen.error:
-                    meter.upstream_reported_error = True
-                if seen.tools:  # tool-call arguments: the filters read this one themselves
-                    parts = dialect.filter_text(event, tools)
-            filtered = text if parts is None else "".join(parts)
-            released = holdback.push((frame, parts, text), filtered, len(frame.raw), now)
-            if released is None:  # nothing waits and nothing matched: out as it came
-                out.append(frame)
-                events += 1
-                if text:
-                    meter.content(text, now, delivered=delivered)
-            else:
-                events += self._take(released, out, now)
+                frame, event = _frame_without_usage_null(frame, event)
+            screened = self._screened(frame, event, seen)
+            if not isinstance(screened, Frame):
+                blocked_by = screened  # None: it could not be written again
+                break
+            frame = screened
+            event = screened.event or event
+            terminal = seen.terminal  # NOTHING reads as no text, no end, no error
+            if terminal:
+                self._terminal_seen = meter.usage_final = True
+            if seen.error:
+                meter.upstream_reported_error = True
+            # Tool-call arguments: the filters read this event's text themselves.
+            parts = self._dialect.filter_text(event, tools) if seen.tools else None
+            events += self._hold(frame, parts, seen.text, out, now)
             if terminal:  # no more text comes: what waits is decided now
                 events += self._take(holdback.close(now), out, now)
             if holdback.blocked is not None or holdback.overflow or self._unwritable:
@@ -634,6 +596,56 @@ class Relay:
         if holdback.blocked is not None or holdback.overflow or self._unwritable:
             return written + self._block(now)
         return written
+
+    def _screened(self, frame: Frame, event: Event, seen: Observation) -> Frame | FilterRule | None:
+        """The event as it goes into the hold-back, or the rule of a ``block`` match in it.
+
+        Before the hold-back looks at the stream's text, what it would not
+        see is filtered here: a summary's whole texts, each on its own, and
+        text the dialect does not read. ``None``: the event changed and
+        could not be written again (hostile data): the stream fails closed.
+        """
+        filters = self._filters
+        assert filters is not None
+        dialect = self._dialect
+        if dialect.repeats_text(event):  # a summary with whole texts: filtered as wholes
+            try:
+                whole = self._whole_texts_filtered(frame, event)
+            except _UNWRITABLE:
+                self._unwritable = True
+                return None
+            if isinstance(whole, FilterRule):
+                return whole
+            frame = whole
+            event = whole.event or event
+        if (
+            seen is NOTHING
+            and event.data
+            and (filters.tool_arguments or not dialect.carries_tool_arguments(event))
+        ):
+            # Text the dialect does not read (a field it does not know, an
+            # event type it does not expect, data it cannot parse) is still
+            # text a client may show: a match in it fails closed.
+            unread = filters.whole(event.data)
+            if unread.matched is not None:
+                return unread.blocked or unread.matched
+        return frame
+
+    def _hold(
+        self, frame: Frame, parts: list[str] | None, text: str, out: list[Frame], now: float
+    ) -> int:
+        """Put an event in the hold-back; append what leaves it to ``out``, return how many."""
+        holdback = self._holdback
+        assert holdback is not None
+        filtered = text if parts is None else "".join(parts)
+        released = holdback.push((frame, parts, text), filtered, len(frame.raw), now)
+        if released is not None:
+            return self._take(released, out, now)
+        # Nothing waits and nothing matched: out as it came.
+        out.append(frame)
+        if text:
+            self.meter.content(text, now, delivered=not self._client_gone)
+        return 1
 
     def _whole_texts_filtered(self, frame: Frame, event: Event) -> Frame | FilterRule:
         """A summary event with each whole text it repeats filtered on its own.
@@ -778,10 +790,35 @@ _Waiting = tuple[Frame, list[str] | None, str]
 _UNWRITABLE = (ValueError, UnicodeError, RecursionError)
 
 
+def _usage_parts(usage: UsageRole) -> tuple[bool, bool, HabitWatch | None]:
+    """The relay's part in usage injection: (take back the chunk, take back nulls, a watch).
+
+    The face asked the upstream for usage the client did not ask for: take
+    back what that added to the stream, and only that. Or the request went
+    unchanged to learn the upstream's habit: watch what it sends unasked.
+    """
+    if isinstance(usage, TakeBack):
+        return usage.chunk, usage.nulls, None
+    return False, False, usage
+
+
 def _without_usage_null(event: Event) -> Event:
     """The event whose data lost the ``"usage": null`` its raw bytes lost."""
     data = without_usage_null(event.data.encode()).decode()
     return Event(event.event, data, event.id)
+
+
+def _frame_without_usage_null(frame: Frame, event: Event) -> tuple[Frame, Event]:
+    """An event's frame without the ``"usage": null`` the client never asked for.
+
+    The event too: a redaction re-serialises from its data, which must not
+    bring back the field.
+    """
+    raw = without_usage_null(frame.raw)
+    if raw is frame.raw:
+        return frame, event
+    event = _without_usage_null(event)
+    return Frame(raw, event), event
 
 
 def _as_sent_without_injection(

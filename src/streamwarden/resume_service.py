@@ -267,11 +267,8 @@ class ResumeService:
             # The same answer as an unknown stream: nobody learns it exists.
             return await self._refuse(answer, dialect, ResumeResult.DENIED)
         dialect = _dialect_for(stored_dialect, path)
-        window = route.resume_window
-        # Often enough to keep both the client (keep-alive) and the hold alive.
-        wait = min(route.limits.keepalive_interval or 15.0, max(window / 3, 0.05))
         try:
-            await backend.hold(stream_id, window)
+            await backend.hold(stream_id, route.resume_window)
             batch: Batch | None = await backend.read(stream_id, asked.seq, 0)
         except StoreUnavailable:
             return await self._refuse(answer, dialect, ResumeResult.UNAVAILABLE)
@@ -288,7 +285,29 @@ class ResumeService:
         if local is not None:
             local.resumed()  # the original, on this replica, learns it now
         await answer.start(200, _stream_headers(stream_id))
-        position = asked.seq
+        await self._replay(answer, stream_id, asked.seq, batch, dialect, route)
+        await answer.finish()
+        return ResumeResult.OK
+
+    async def _replay(
+        self,
+        answer: Answer,
+        stream_id: str,
+        position: int,
+        batch: Batch | None,
+        dialect: Dialect,
+        route: ResolvedRoute,
+    ) -> None:
+        """Write the stored events from ``batch`` on, then the live ones, to the original's end.
+
+        Between batches the stream is held for another ``resume_window``
+        and the client gets a keep-alive; every way this can stop short
+        (a hole, a silent writer, the store gone) ends with its error event.
+        """
+        backend = self.backend
+        window = route.resume_window
+        # Often enough to keep both the client (keep-alive) and the hold alive.
+        wait = min(route.limits.keepalive_interval or 15.0, max(window / 3, 0.05))
         first = True
         clock = asyncio.get_running_loop()
         idle_limit = route.limits.upstream_idle_timeout
@@ -326,8 +345,6 @@ class ResumeService:
                 break
         else:
             await answer.write(_error_event(dialect, ErrorCode.RESUME_EXPIRED))
-        await answer.finish()
-        return ResumeResult.OK
 
     # -- internals -----------------------------------------------------------------
 

@@ -210,21 +210,8 @@ class SSEFramer:
                 return whole
         buf = self._buf
         buf += chunk
-        if self._stream_start:
-            # The BOM may itself arrive split across chunks: wait for three
-            # bytes (or a mismatch) before deciding. Once one is stripped,
-            # decide the same way whether a second one follows; if so, both
-            # are kept (see the divergences above).
-            if len(buf) < 3 and _BOM.startswith(buf):
-                return []
-            if not self._bom_stripped and buf.startswith(_BOM):
-                del buf[:3]
-                self._bom_stripped = True
-                if len(buf) < 3 and _BOM.startswith(buf):
-                    return []
-            self._stream_start = False
-            if self._bom_stripped and buf.startswith(_BOM):
-                buf[:0] = _BOM
+        if self._stream_start and not self._past_bom(buf):
+            return []
         pos = self._pos
         n = len(buf)
         frames: list[Frame] = []
@@ -240,6 +227,59 @@ class SSEFramer:
                     # clean end.
                     frames.append(_SPLIT_LF)
                     block_start = 1
+        pos, block_start = self._parse_lines(buf, pos, block_start, frames)
+        self._scanned = n - block_start  # _parse_lines stops where no line ending is left
+        if block_start:
+            del buf[:block_start]
+            pos -= block_start
+            # The offsets into the block left in the buffer move with it.
+            if self._data_lines:
+                self._data_start -= block_start
+                self._data_end -= block_start
+                more = self._more_data
+                for i in range(len(more)):
+                    more[i] -= block_start
+            if self._event_start >= 0:
+                self._event_start -= block_start
+                self._event_end -= block_start
+            if self._id_start >= 0:
+                self._id_start -= block_start
+                self._id_end -= block_start
+        self._pos = pos
+        limit = self._limit
+        if limit is not None and len(buf) > limit:
+            self._fail(len(buf), frames)
+        return frames
+
+    def _past_bom(self, buf: bytearray) -> bool:
+        """At the stream's start: strip its byte order mark; False while it may be one.
+
+        The BOM may itself arrive split across chunks: wait for three bytes
+        (or a mismatch) before deciding. Once one is stripped, decide the
+        same way whether a second one follows; if so, both are kept (see
+        the divergences above).
+        """
+        if len(buf) < 3 and _BOM.startswith(buf):
+            return False
+        if not self._bom_stripped and buf.startswith(_BOM):
+            del buf[:3]
+            self._bom_stripped = True
+            if len(buf) < 3 and _BOM.startswith(buf):
+                return False
+        self._stream_start = False
+        if self._bom_stripped and buf.startswith(_BOM):
+            buf[:0] = _BOM
+        return True
+
+    def _parse_lines(
+        self, buf: bytearray, pos: int, block_start: int, frames: list[Frame]
+    ) -> tuple[int, int]:
+        """Parse the whole lines in ``buf`` from ``pos``; append the blocks they end to ``frames``.
+
+        Returns where the first incomplete line starts and where the first
+        incomplete block does (``block_start``: the bytes before it are done).
+        """
+        n = len(buf)
         limit = self._limit
         scan_from = max(pos, self._scanned)
         lf = buf.find(b"\n", scan_from)
@@ -287,27 +327,7 @@ class SSEFramer:
             elif buf[pos] != 0x3A:  # lines starting with ":" are comments
                 self._field(buf, pos, eol)
             pos = nxt
-        self._scanned = n - block_start  # the loop ends when no line ending is left
-        if block_start:
-            del buf[:block_start]
-            pos -= block_start
-            # The offsets into the block left in the buffer move with it.
-            if self._data_lines:
-                self._data_start -= block_start
-                self._data_end -= block_start
-                more = self._more_data
-                for i in range(len(more)):
-                    more[i] -= block_start
-            if self._event_start >= 0:
-                self._event_start -= block_start
-                self._event_end -= block_start
-            if self._id_start >= 0:
-                self._id_start -= block_start
-                self._id_end -= block_start
-        self._pos = pos
-        if limit is not None and len(buf) > limit:
-            self._fail(len(buf), frames)
-        return frames
+        return pos, block_start
 
     def _whole_event(self, chunk: bytes) -> list[Frame] | None:
         """The one event ``chunk`` is, if it is exactly one plain event; else ``None``.

@@ -13,17 +13,26 @@ whether the request asks for a stream and holds its
 stream's upstream has to be closed.
 
 For a stream it moves bytes and time through a core
-:class:`~streamwarden.relay.Relay`, like the sidecar does:
+:class:`~streamwarden.relay.Relay`, like the sidecar does, with a part
+each:
 
 - the app's body chunks are fed to the relay and only what it returns is
-  sent, so a partial event is held back until its last byte arrives;
+  sent, so a partial event is held back until its last byte arrives
+  (:class:`~streamwarden.middleware.body.AppBody`);
 - a timer task calls ``relay.poll`` at ``relay.deadline`` (keep-alives,
-  ``upstream_idle_timeout``, ``max_stream_duration``);
+  ``upstream_idle_timeout``, ``max_stream_duration``:
+  :class:`~streamwarden.middleware.clock.StreamClock`);
 - every write to the server (app body, keep-alive, error event, end of
-  body) happens under one lock, so two sends never overlap and the bytes
-  leave in the order the relay produced them;
+  body) goes through one writer, under one lock, so two sends never
+  overlap and the bytes leave in the order the relay produced them; the
+  writer also hears the client leave
+  (:class:`~streamwarden.middleware.writer.ClientWriter`);
 - the inbox watches for ``http.disconnect``; the app's "upstream" is the
   app itself, so closing it means stopping the app.
+
+The end (:meth:`StreamResponder._end`, below) is this module's: once the
+app returned or raised, the relay gets the end that matches, the last
+bytes go out, the helpers stop, and the stream is published.
 
 Before the response. An app usually awaits its provider's response headers
 (the whole prefill, seconds for a long prompt) before it starts its own
@@ -63,29 +72,23 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from streamwarden.config import ResolvedRoute
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
-from streamwarden.inflate import InflateError, Inflater
+from streamwarden.inflate import Inflater
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.admission import Admission
 from streamwarden.middleware.app_task import AppTask
+from streamwarden.middleware.body import AppBody
+from streamwarden.middleware.clock import StreamClock
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.resume import scope_headers
 from streamwarden.middleware.streams import FaceContext
+from streamwarden.middleware.writer import ClientWriter
 from streamwarden.pipeline import PipelineStream, StreamStart, request_headers
 from streamwarden.plan import StreamPlan, plan_response
-from streamwarden.relay import Relay
 
 __all__ = ["StreamResponder"]
 
 log = logging.getLogger("streamwarden.middleware")
-
-# Most inflated bytes handed to the relay (and written) per step.
-_INFLATE_STEP = 64 * 1024
-# Bytes an app may send after its stream ended without waiting once: beyond
-# them its send() yields, so that a pending stop can land in an app that
-# awaits nothing else.
-_ZOMBIE_BURST = 1 << 20
 
 
 class _Phase(enum.Enum):
@@ -99,28 +102,21 @@ class StreamResponder:
 
     __slots__ = (
         "_admission",
-        "_app_closed",
         "_app_task",
-        "_body_closed",
-        "_client_gone",
+        "_body",
+        "_clock",
         "_context",
         "_flow",
-        "_gone_at",
         "_inbox",
-        "_inflater",
-        "_lock",
         "_loop",
         "_phase",
-        "_relay",
-        "_route",
         "_scope",
         "_server_send",
         "_started_at",
         "_status",
-        "_timer",
         "_trace",
-        "_unyielded",
         "_watching_early",
+        "_writer",
     )
 
     def __init__(self, context: FaceContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,24 +130,14 @@ class StreamResponder:
         self._phase = _Phase.WAITING
         self._admission = Admission(context.streams, scope, inbox)
         self._app_task = AppTask(self._loop)
-        # Stream state, set when a stream starts.
-        self._relay: Relay | None = None
-        self._inflater: Inflater | None = None
-        self._route: ResolvedRoute | None = None
         self._status = 200
+        # Stream state, set when a stream starts.
         #: The stream through the pipeline: its relay, its stages, its end.
         self._flow: PipelineStream | None = None
-        self._lock: asyncio.Lock | None = None
-        self._timer: asyncio.Task[None] | None = None
-        #: No more writes to the client: the body ended, or the client is gone.
-        self._body_closed = False
-        #: The app sent its last body message (``more_body`` false).
-        self._app_closed = False
-        self._client_gone = False
-        #: When the client's leaving stopped the app (cancel), for its cancel propagation.
-        self._gone_at: float | None = None
-        #: Bytes the app sent after the stream ended since its send() last yielded.
-        self._unyielded = 0
+        #: Its writes and its client (see the module docstring), its app's body, its timer.
+        self._writer: ClientWriter | None = None
+        self._body: AppBody | None = None
+        self._clock: StreamClock | None = None
         #: Watching for a disconnect before the response (see the module docstring).
         self._watching_early = False
         #: The request's OpenTelemetry spans, when telemetry is on.
@@ -222,7 +208,8 @@ class StreamResponder:
         if phase is _Phase.PASSING:
             await self._server_send(message)
         elif phase is _Phase.STREAMING:
-            await self._send_streamed(message)
+            assert self._body is not None
+            await self._body.send(message)
         elif message["type"] == "http.response.start":
             planned = self._stream_headers(message)
             if planned is None:
@@ -305,15 +292,22 @@ class StreamResponder:
             )
         )
         flow.on_stop = self._stop_by_owner
-        relay = flow.relay
-        # Compressed streams are inflated and relayed, as in the sidecar
-        # (plan.py says why), a bounded step at a time.
-        self._inflater = Inflater(plan.encoding) if plan.decoded else None
         self._phase = _Phase.STREAMING
         self._admission.stop_looking()
-        self._relay = relay
-        self._route = route
-        self._lock = asyncio.Lock()
+        writer = ClientWriter(
+            self._server_send,
+            flow,
+            context.pipeline.end,
+            self._admission,
+            self._inbox,
+            self._app_task,
+        )
+        # Compressed streams are inflated and relayed, as in the sidecar
+        # (plan.py says why), a bounded step at a time.
+        inflater = Inflater(plan.encoding) if plan.decoded else None
+        self._writer, self._body = writer, AppBody(flow.relay, writer, self._app_task, inflater)
+        self._clock = clock = StreamClock(flow, writer, self._app_task)
+        writer.rearm_clock = clock.rearm
         context.streams.open(self)
         start = dict(message)
         headers_out = stream_response_headers(
@@ -321,269 +315,27 @@ class StreamResponder:
         )
         headers_out.extend(flow.headers)
         start["headers"] = _encode(headers_out)
-        try:
-            await self._server_send(start)
-        except OSError:
-            self._client_left()
-            raise
-        self._inbox.watch(self._client_disconnected)
-        self._timer = loop.create_task(self._keep_time())
-
-    # -- the body ------------------------------------------------------------
-
-    async def _send_streamed(self, message: Message) -> None:
-        assert self._relay is not None and self._lock is not None
-        relay = self._relay
-        if message["type"] != "http.response.body":
-            # Trailers were excluded at the start; anything else goes on in order.
-            async with self._lock:
-                if not self._body_closed:
-                    await self._server_send(message)
-            return
-        body = message.get("body", b"")
-        if body.__class__ is not bytes:
-            body = bytes(body)  # Starlette passes an app's memoryview chunks on as they are
-        more: bool = message.get("more_body", False)
-        try:
-            async with self._lock:
-                now = self._loop.time()
-                if self._body_closed:
-                    # The stream already ended (error event, client gone): what the
-                    # app still sends is metered (zombie tokens), never written. A
-                    # compressed one is inflated only where the relay reads on (drain
-                    # meters it, detach journals it for a resume), not just to count.
-                    if body and self._inflater is None:
-                        relay.feed(body, now)
-                    elif body and relay.draining:
-                        await self._feed_inflated(body, now)  # the gone client gets nothing
-                    self._app_closed = not more
-                    self._unyielded += len(body)
-                    if self._unyielded < _ZOMBIE_BURST:
-                        return
-                    self._unyielded = 0
-                    zombie_burst = True
-                else:
-                    zombie_burst = False
-                    if self._inflater is not None:
-                        out = await self._feed_inflated(body, now)
-                    else:
-                        out = relay.feed(body, now) if body else b""
-                    if not more and not relay.done:
-                        self._app_closed = True
-                        out += relay.upstream_eof(self._loop.time())
-                    elif not more:
-                        self._app_closed = True
-                    if relay.done:
-                        await self._write(out, last=True, bounded=False)
-                    elif out:
-                        await self._write(out, last=False, bounded=False)
-        except asyncio.CancelledError:
-            if self._body_closed and self._app_task.take_back_in_send():
-                return
-            raise
-        if zombie_burst:
-            # Outside the try: a pending stop lands here in an app that awaits
-            # nothing but send().
-            await asyncio.sleep(0)
-            return
-        if relay.done and more:
-            # A limit ended the stream mid-body: stop the app like a gone client's.
-            self._app_task.stop()
-
-    async def _feed_inflated(self, body: bytes, now: float) -> bytes:
-        """Inflate the app's compressed chunk a step at a time; the last step's output.
-
-        Each full step is written before the next is inflated (under the
-        lock, awaiting the server), so a bomb costs one step of memory and
-        waits for a slow client like any stream.
-        """
-        inflater = self._inflater
-        relay = self._relay
-        assert inflater is not None and relay is not None
-        inflater.feed(body)
-        out = b""
-        while inflater.pending and not relay.done:
-            if out:
-                await self._write(out, last=False, bounded=False)
-            try:
-                piece = inflater.take(_INFLATE_STEP)
-            except InflateError:
-                return relay.upstream_failed(self._loop.time())
-            out = relay.feed(piece, self._loop.time()) if piece else b""
-        return out
-
-    async def _write(self, out: bytes, *, last: bool, bounded: bool) -> bool:
-        """Send relay output, under the lock. False if the client is gone or too slow.
-
-        The app's own writes are not bounded here (a timeout per event would
-        tax every event); the timer watches them. The timer's and the final
-        writes are bounded by ``client_write_timeout``.
-        """
-        if last:
-            self._close_body()
-        message = {"type": "http.response.body", "body": out, "more_body": not last}
-        try:
-            if bounded:
-                assert self._route is not None
-                async with asyncio.timeout(self._route.client_write_timeout or None):
-                    await self._server_send(message)
-            else:
-                await self._server_send(message)
-        except TimeoutError:
-            self._too_slow()
-            return False
-        except OSError:
-            # ASGI 2.4 servers raise on a closed connection instead of (or
-            # before) reporting http.disconnect.
-            self._client_left()
-            assert self._relay is not None
-            if self._relay.draining:
-                return False  # drain or detach: the app runs on, its send does not fail
-            if not bounded:
-                raise  # the app's own send: it hears what the server said
-            self._app_task.stop()
-            return False
-        return True
-
-    def _close_body(self) -> None:
-        """No more writes to the client: its stream is over, and so is its slot.
-
-        The slot goes back before the last bytes are handed to the server:
-        a client may ask again the moment it has them (an agent loop does),
-        long before the app and the middleware's helpers have unwound.
-        """
-        self._body_closed = True
-        self._admission.release()
-
-    # -- timers --------------------------------------------------------------
-
-    async def _keep_time(self) -> None:
-        """Call ``relay.poll`` at ``relay.deadline``; write what it returns."""
-        relay, lock, route = self._relay, self._lock, self._route
-        assert relay is not None and lock is not None and route is not None
-        loop = self._loop
-        while not self._body_closed or relay.draining:
-            deadline = relay.deadline
-            if deadline is None:
-                return
-            delay = deadline - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if self._body_closed:
-                # Drain or detach, the client gone: only the clock runs on.
-                await self._run_detached_clock()
-                if relay.done:
-                    self._app_task.stop()
-                    return
-                continue
-            try:
-                # The lock is only held long by a write the client is not taking.
-                async with asyncio.timeout(route.client_write_timeout or None):
-                    await lock.acquire()
-            except TimeoutError:
-                self._too_slow()
-                return
-            try:
-                if self._body_closed:
-                    return
-                out = relay.poll(loop.time())
-                if relay.done:
-                    await self._write(out, last=True, bounded=True)
-                elif out and not await self._write(out, last=False, bounded=True):
-                    return
-            finally:
-                lock.release()
-            if relay.done:
-                self._app_task.stop()
-                return
-
-    async def _run_detached_clock(self) -> None:
-        """A timer of a stream whose client left: a resume's hold, then the relay's limits."""
-        relay, flow = self._relay, self._flow
-        assert relay is not None and flow is not None
-        loop = self._loop
-        if flow.holds is not None and relay.detach_due(loop.time()):
-            left = await flow.holds()
-            if left is not None:
-                relay.keep_detached(loop.time() + left)
-                relay.resumed()
-        relay.poll(loop.time())  # writes nothing: there is nobody to write to
-
-    def _rearm_timer(self) -> None:
-        """Make the timer look at the relay's deadline again (it may have moved sooner)."""
-        timer = self._timer
-        if timer is None or timer is asyncio.current_task():
-            return  # none yet, or it is the caller: its loop reads the deadline next
-        timer.cancel()
-        self._timer = self._loop.create_task(self._keep_time())
-
-    def _stop_by_owner(self) -> None:
-        """An explicit stop (``DELETE``) of this resumable stream by its owner."""
-        if self._relay is not None and not self._relay.done:
-            self._relay.stop(self._loop.time())
-            self._app_task.stop()
-
-    # -- the client going away -----------------------------------------------
-
-    def _client_disconnected(self) -> None:
-        """The inbox saw ``http.disconnect``."""
-        if self._body_closed:
-            # The response had ended: servers report a disconnect once it is
-            # complete (uvicorn does at once). Nothing to cancel.
-            return
-        self._client_left()
-        if self._relay is None or not self._relay.draining:
-            self._app_task.stop()
-
-    def _client_left(self) -> None:
-        if self._client_gone:
-            return
-        now = self._loop.time()
-        self._client_gone = True
-        self._close_body()
-        relay, route = self._relay, self._route
-        if relay is not None and route is not None:
-            # on_client_gone: the app runs on for a resume (detach) or to its
-            # end (drain), or is stopped (cancel, the caller's).
-            detach = relay.journal is not None
-            relay.client_gone(
-                now,
-                drain=route.on_client_gone == "drain",
-                detach_until=now + route.resume_window if detach else None,
-            )
-            if relay.draining:
-                self._inbox.hides_disconnect = True  # the app runs on, unaware
-                self._rearm_timer()  # a detached stream's deadline came sooner
-            assert self._flow is not None
-            self._flow.counted_detached = self._context.pipeline.end.count_detached(relay)
-        elif relay is not None:
-            relay.client_gone(now)
-        if relay is None or not relay.draining:
-            # The app is stopped because its client left: its unwinding is the
-            # cancel propagation. An app that runs on (drain, detach) and is
-            # stopped later, by a window or a limit, has none, as in the sidecar.
-            self._gone_at = now
-
-    def _too_slow(self) -> None:
-        if self._client_gone:
-            return
-        now = self._loop.time()
-        self._client_gone = True
-        self._close_body()
-        assert self._relay is not None
-        self._relay.client_too_slow(now)
-        self._app_task.stop()
+        await writer.send_head(start)
+        self._inbox.watch(writer.client_disconnected)
+        clock.start()
 
     # -- the end -------------------------------------------------------------
 
+    def _stop_by_owner(self) -> None:
+        """An explicit stop (``DELETE``) of this resumable stream by its owner."""
+        if self._flow is not None and not self._flow.relay.done:
+            self._flow.relay.stop(self._loop.time())
+            self._app_task.stop()
+
     async def _end(self, error: BaseException | None, cancelled_from_outside: bool) -> bool:
         """Finish the stream after the app returned or raised; True to re-raise ``error``."""
-        relay = self._relay
-        assert relay is not None
+        flow, writer, body, clock = self._flow, self._writer, self._body, self._clock
+        assert flow is not None and writer is not None and body is not None and clock is not None
+        relay = flow.relay
         now = self._loop.time()
-        if self._gone_at is not None and self._app_task.stop_requested:
+        if writer.gone_at is not None and self._app_task.stop_requested:
             # Client gone noticed to the app's task unwound (its finally ran).
-            relay.meter.cancel_propagation = now - self._gone_at
+            relay.meter.cancel_propagation = now - writer.gone_at
         reraise = False
         try:
             out = b""
@@ -601,40 +353,22 @@ class StreamResponder:
                         relay.meter.error_code or relay.end_state,
                         exc_info=error,
                     )
-            elif error is not None and self._app_closed and not self._app_task.stop_requested:
+            elif error is not None and body.app_closed and not self._app_task.stop_requested:
                 # The app finished its response and raised afterwards (a
                 # background task, say): not the stream's business.
                 reraise = True
             elif error is not None and not isinstance(error, asyncio.CancelledError):
                 log.debug("the app raised after its stream had ended", exc_info=error)
-            await self._finish_body(out)
+            await writer.finish(out)
         finally:
             try:
-                await self._stop_helpers()
+                await clock.stop()
+                await self._inbox.stop()
             finally:
                 # Published even if the server cancels us while the helpers
                 # unwind: a stream left out of the register is never recorded.
-                self._publish()
+                self._context.pipeline.finish(self, flow, self._loop.time())
         return reraise
-
-    async def _finish_body(self, out: bytes) -> None:
-        assert self._lock is not None
-        if self._body_closed:
-            return
-        async with self._lock:
-            if not self._body_closed:
-                await self._write(out, last=True, bounded=True)
-
-    async def _stop_helpers(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None and not timer.done():
-            timer.cancel()
-            await asyncio.wait((timer,))
-        await self._inbox.stop()
-
-    def _publish(self) -> None:
-        assert self._flow is not None
-        self._context.pipeline.finish(self, self._flow, self._loop.time())
 
 
 def _decode(message: Message) -> list[tuple[str, str]]:

@@ -6,23 +6,36 @@ it, and remembers two things of its upstream: per path, what it sends
 when nobody asks for usage (:class:`~streamwarden.usage.UsageHabits`:
 learned from one unchanged stream before any request there is changed),
 and a refusal of the option: after a ``400`` that names
-``stream_options`` the request is sent again as the client sent it, and
-the sidecar does not inject there for :data:`REFUSAL_MEMORY` seconds.
+``stream_options`` (:meth:`UsageInjector.look_into_refusal`) the request
+is sent again as the client sent it, and the sidecar does not inject there
+for :data:`REFUSAL_MEMORY` seconds. Injection is never tried behind early
+headers: a refusal then would already be an error event, with nothing
+left to retry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
 from streamwarden.dialects import SSE_MEDIA_TYPE, detect
-from streamwarden.sidecar.upstream import Exchange, UpstreamError
-from streamwarden.usage import TakeBack, UsageHabits, UsageRole, inject_usage
+from streamwarden.headers import drop_hop_by_hop
+from streamwarden.sidecar.upstream import Exchange, UpstreamBroken, UpstreamError
+from streamwarden.usage import (
+    TakeBack,
+    UsageHabits,
+    UsageRole,
+    inject_usage,
+    refuses_stream_options,
+)
 
 __all__ = ["REFUSAL_MEMORY", "Buffered", "Rewritten", "UsageInjector", "read_refusal"]
+
+log = logging.getLogger("streamwarden.proxy")
 
 #: How long an upstream that refused ``stream_options`` is left alone.
 REFUSAL_MEMORY = 600.0
@@ -38,6 +51,13 @@ class Buffered:
     reason: str
     headers: list[tuple[str, str]]
     body: bytes
+
+    def response(self) -> web.Response:
+        """The answer, for the client, as it came."""
+        response = web.Response(status=self.status, reason=self.reason, body=self.body)
+        for name, value in self.headers:
+            response.headers.add(name, value)
+        return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +91,19 @@ class UsageInjector:
         )
         return found.dialect.name == "openai-chat"
 
+    async def inject(
+        self, request: web.BaseRequest, route: ResolvedRoute, start: bytes
+    ) -> tuple[bytes, Rewritten | None, UsageRole]:
+        """For a request that asks for a stream: its body's first bytes, read on if it may
+        be rewritten; the rewritten body (``None``: the client's own); the relay's part."""
+        if not request.body_exists or not self.wanted(request, route):
+            return start, None, None
+        start, whole = await self.read(request, start)
+        if not whole:
+            return start, None, None
+        rewritten, usage = self.rewrite(request.path, start)
+        return start, rewritten, usage
+
     async def read(self, request: web.BaseRequest, start: bytes) -> tuple[bytes, bool]:
         """The body read on from ``start``, up to the bound: (bytes, whole)."""
         parts = [start]
@@ -103,6 +136,28 @@ class UsageInjector:
     def refused(self) -> None:
         """The upstream refused the option: leave it alone for a while."""
         self._refused_until = asyncio.get_running_loop().time() + REFUSAL_MEMORY
+
+    async def look_into_refusal(self, exchange: Exchange) -> Buffered | None:
+        """A 400 to a request the sidecar asked usage for: the option's fault, or the request's?
+
+        If it names ``stream_options`` (old vLLM): ``None``, the client's own
+        request is to go again, unchanged, and the upstream is left alone for
+        a while. Any other 400 is the client's, returned to pass on as it came.
+        """
+        upstream = exchange.head
+        text, whole = await read_refusal(exchange)
+        if not refuses_stream_options(upstream.status, text):
+            if not whole:
+                raise UpstreamBroken("the upstream's 400 answer was cut or too long to relay")
+            headers = [
+                (n, v)
+                for n, v in drop_hop_by_hop(upstream.headers.items())
+                if n.lower() != "content-length"
+            ]
+            return Buffered(upstream.status, upstream.reason, headers, text)
+        self.refused()
+        log.info("the upstream refused stream_options: requests go unchanged there for a while")
+        return None
 
 
 class _Collector:

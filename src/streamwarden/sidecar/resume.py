@@ -1,8 +1,11 @@
 """The sidecar's side of resumable streams: aiohttp requests to the resume service.
 
 Everything about a resume is :class:`~streamwarden.resume_service.ResumeService`'s;
-this module only turns an aiohttp request into its inputs and its answer
-into an aiohttp response.
+this module only routes a request on a resumable route (:func:`answer_resume`:
+a resume, an owner's stop, or neither), turns it into the service's
+inputs, and its answer into an aiohttp response. A resume is served from
+the store and never reaches the upstream: forwarding it would start a
+second generation.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
 from streamwarden.refusals import RefusalKind
-from streamwarden.resume import Position
+from streamwarden.resume import STREAM_ID_HEADER, Position
 from streamwarden.resume_service import ResumeService
 from streamwarden.sidecar.http import CLIENT_GONE, refuse
+from streamwarden.sidecar.streams import StreamTracker
 
-__all__ = ["position", "serve_resume", "stop_stream"]
+__all__ = ["answer_resume", "position", "serve_resume", "stop_stream"]
 
 
 class _AiohttpAnswer:
@@ -48,6 +52,32 @@ class _AiohttpAnswer:
     async def finish(self) -> None:
         if not isinstance(self.response, web.Response):
             await self.response.write_eof()
+
+
+async def answer_resume(
+    service: ResumeService,
+    tracker: StreamTracker,
+    request: web.BaseRequest,
+    route: ResolvedRoute,
+    stream_limit: int,
+) -> web.StreamResponse | None:
+    """Answer a resume or a stop of a resumable route's stream; ``None`` for any other request.
+
+    A resume holds a ``max_concurrent_streams`` slot while it is served, as
+    the stream it resumes did.
+    """
+    asked = position(request)
+    if request.method == "DELETE" and (asked is not None or STREAM_ID_HEADER in request.headers):
+        return await stop_stream(service, request, asked)
+    if asked is None:
+        return None
+    held = tracker.admit(stream_limit)
+    if held is None:
+        return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
+    try:
+        return await serve_resume(service, request, route, asked)
+    finally:
+        held.release()
 
 
 def position(request: web.BaseRequest) -> Position | str | None:
