@@ -1,14 +1,21 @@
-"""The sidecar's watch on its inference engine's ``/metrics`` (``engine_metrics_url``).
+"""A face's watch on its inference engine's ``/metrics`` (``engine_metrics_url``).
 
 Every ``engine_scrape_interval`` it reads the engine's generated-token
 counter (:mod:`streamwarden.engine` has the table of names) and counts,
 in ``streamwarden_engine_unseen_tokens_total``, the tokens the engine
-generated that no stream through this sidecar accounts for. After a
+generated that no stream through this face accounts for. After a
 stream is cancelled it also polls the engine every 10 ms, for at most
 :data:`ABORT_WATCH`, until the engine runs no more requests than the
-sidecar has open: ``streamwarden_engine_abort_seconds`` is how long the
+face has open: ``streamwarden_engine_abort_seconds`` is how long the
 engine took to stop, and the tokens it generated meanwhile count in
 ``streamwarden_engine_tokens_after_cancel_total``.
+
+Both faces run the same watch on their own pipeline (the sidecar per
+process, the middleware per instance): it sees each stream open
+(:attr:`~streamwarden.pipeline.Pipeline.on_open`, for the tokens of
+streams in flight) and each record as the stream ends (the register's
+listeners). A face only starts and closes it: the sidecar with its
+server, the middleware with the app's lifespan.
 
 An engine that cannot be scraped never touches a stream: the scrape is
 its own task, with its own timeout; a counter and a rate-limited log line
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import aiohttp
 
@@ -27,9 +35,9 @@ from streamwarden.config import Settings
 from streamwarden.engine import EngineReading, Reconciler, read_engine
 from streamwarden.headers import redact_url
 from streamwarden.logs import RateLimitedWarnings
-from streamwarden.meter import EndState, StreamRecord
+from streamwarden.meter import EndState, StreamMeter, StreamRecord
 from streamwarden.metrics import StreamMetrics
-from streamwarden.sidecar.streams import StreamTracker
+from streamwarden.pipeline import Pipeline, PipelineStream
 
 __all__ = ["ABORT_WATCH", "EngineWatch"]
 
@@ -49,22 +57,26 @@ _CANCELLED = frozenset(
 class EngineWatch:
     """Scrapes the engine, reconciles its tokens, and times its aborts."""
 
-    def __init__(self, settings: Settings, tracker: StreamTracker, metrics: StreamMetrics) -> None:
+    def __init__(self, settings: Settings, pipeline: Pipeline[Any], metrics: StreamMetrics) -> None:
         assert settings.engine_metrics_url is not None
         self.url = settings.engine_metrics_url
         self._shown = redact_url(self.url)
         self.engine = settings.engine
         self.interval = settings.engine_scrape_interval
-        self._tracker = tracker
+        self._register = pipeline.register
         self._metrics = metrics
         self._reconciler = Reconciler()
         self._finished_tokens = 0.0
+        #: The meters of the streams in flight (by identity: a record carries
+        #: its stream's meter, so the stream's end finds it again).
+        self._open: dict[int, StreamMeter] = {}
         self._cancels: list[float] = []
         self._session: aiohttp.ClientSession | None = None
         self._scraping: asyncio.Task[None] | None = None
         self._aborts: asyncio.Task[None] | None = None
         self._warnings = RateLimitedWarnings(60.0, log)
-        tracker.listeners.append(self._stream_finished)
+        pipeline.on_open.append(self._stream_opened)
+        self._register.listeners.append(self._stream_finished)
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -81,9 +93,14 @@ class EngineWatch:
         if self._session is not None:
             await self._session.close()
 
+    @property
+    def running(self) -> bool:
+        """Started, and not closed."""
+        return self._scraping is not None and not self._scraping.done()
+
     def seen(self) -> float:
-        """Tokens this sidecar saw generated: finished streams, and those in flight."""
-        active = sum(stream.relay.meter.tokens_generated for stream in self._tracker.active)
+        """Tokens this face saw generated: finished streams, and those in flight."""
+        active = sum(meter.tokens_generated for meter in self._open.values())
         return self._finished_tokens + active
 
     async def read(self) -> EngineReading | None:
@@ -119,16 +136,21 @@ class EngineWatch:
 
     # -- aborts --------------------------------------------------------------
 
+    def _stream_opened(self, stream: PipelineStream) -> None:
+        meter = stream.relay.meter
+        self._open[id(meter)] = meter
+
     def _stream_finished(self, record: StreamRecord) -> None:
         meter = record.meter
+        self._open.pop(id(meter), None)
         self._finished_tokens += meter.tokens_generated
-        if meter.end_state in _CANCELLED:
+        if meter.end_state in _CANCELLED and self.running:
             self._cancels.append(asyncio.get_running_loop().time())
             if self._aborts is None or self._aborts.done():
                 self._aborts = asyncio.get_running_loop().create_task(self._time_aborts())
 
     async def _time_aborts(self) -> None:
-        """Until the engine runs no more requests than the sidecar has open."""
+        """Until the engine runs no more requests than the face has open."""
         loop = asyncio.get_running_loop()
         start = await self.read()
         seen_at_start = self.seen()
@@ -139,7 +161,7 @@ class EngineWatch:
             if (
                 reading is not None
                 and reading.running is not None
-                and reading.running <= len(self._tracker.active)
+                and reading.running <= len(self._register.active)
             ):
                 for cancelled_at in self._cancels:
                     self._metrics.engine_abort.observe(now - cancelled_at)
