@@ -10,11 +10,13 @@ time the engine takes to stop after a cancel is measured.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from streamwarden.engine import read_engine
 from streamwarden.mock import MockServer, MockSettings, start_mock
@@ -183,3 +185,43 @@ async def test_an_engine_that_cannot_be_scraped_never_touches_a_stream(
     )
     await whole_stream(sidecar.proxy_url, "fine")
     assert sidecar.tracker.finished[-1].meter.end_state == "completed"
+
+
+async def test_a_metrics_page_longer_than_one_read_is_read_to_its_end(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    # vLLM's page runs to hundreds of KiB (a histogram per model and label);
+    # the counter may come last.
+    filler = "# TYPE vllm:filler gauge\n" + "".join(
+        f'vllm:filler{{model_name="m{i}"}} 1.0\n' for i in range(20_000)
+    )
+    page = (filler + VLLM).encode()
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4"})
+        await response.prepare(request)
+        for at in range(0, len(page), 64 * 1024):
+            await response.write(page[at : at + 64 * 1024])
+            await asyncio.sleep(0.005)  # the page's pace: one network read per piece
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    try:
+        # Without streamwarden's reader: aiohttp's read(n) is what has arrived so far.
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url) as response:
+                first = await response.content.read(len(page) + 1)
+        assert len(first) < len(page)
+        assert read_engine(first.decode()) is None
+        sidecar = await start_sidecar(mock.url, engine_metrics_url=url)
+        assert sidecar.engine_watch is not None
+        reading = await sidecar.engine_watch.read()
+        assert reading is not None and reading.generated == 120.0
+    finally:
+        await runner.cleanup()

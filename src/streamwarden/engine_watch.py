@@ -20,17 +20,28 @@ server, the middleware with the app's lifespan.
 An engine that cannot be scraped never touches a stream: the scrape is
 its own task, with its own timeout; a counter and a rate-limited log line
 say so.
+
+The scrape is a plain ``GET`` on streamwarden's own HTTP/1.1 client
+(:mod:`streamwarden.upstream`), not aiohttp's: the middleware imports no
+aiohttp, and the page is read to its end (bounded by
+:data:`MAX_SCRAPE_BYTES`), where aiohttp's ``content.read(n)`` gives what
+has arrived so far (the first 64 KiB of a larger page, so a counter further
+down was "not there"). Redirects are not followed: point
+``engine_metrics_url`` at the page itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import ssl
 from typing import Any
 
-import aiohttp
+from yarl import URL
 
+from streamwarden import __version__
 from streamwarden.config import Settings
 from streamwarden.engine import EngineReading, Reconciler, read_engine
 from streamwarden.headers import redact_url
@@ -38,6 +49,13 @@ from streamwarden.logs import RateLimitedWarnings
 from streamwarden.meter import EndState, StreamMeter, StreamRecord
 from streamwarden.metrics import StreamMetrics
 from streamwarden.pipeline import Pipeline, PipelineStream
+from streamwarden.upstream import (
+    Origin,
+    UpstreamError,
+    UpstreamPool,
+    open_exchange,
+    request_head,
+)
 
 __all__ = ["ABORT_WATCH", "EngineWatch"]
 
@@ -49,6 +67,12 @@ ABORT_WATCH = 5.0
 ABORT_POLL = 0.01
 #: Most bytes of one scrape (vLLM's full text is a few hundred KiB).
 MAX_SCRAPE_BYTES = 8 * 1024 * 1024
+#: How long a connection to the engine is kept between reads: reused by the
+#: 10 ms polls after a cancel, and closed before the engine's own idle
+#: timeout (uvicorn's, under vLLM and SGLang, is 5 s) can race a request.
+_KEEPALIVE = 2.0
+#: The answers that are a metrics page: Prometheus text, OpenMetrics, or unsaid.
+_PAGE_TYPES = frozenset({"text/plain", "application/openmetrics-text", ""})
 _CANCELLED = frozenset(
     {EndState.CLIENT_CANCELLED, EndState.DETACHED_EXPIRED, EndState.CLIENT_TOO_SLOW}
 )
@@ -71,7 +95,12 @@ class EngineWatch:
         #: its stream's meter, so the stream's end finds it again).
         self._open: dict[int, StreamMeter] = {}
         self._cancels: list[float] = []
-        self._session: aiohttp.ClientSession | None = None
+        self._timeout = max(1.0, min(self.interval, 10.0))
+        url = URL(self.url)
+        assert url.host is not None and url.port is not None  # the config checked it
+        self._origin = Origin(url.scheme, url.host, url.port)
+        self._head = _request_head(url, self._origin)
+        self._pool: UpstreamPool | None = None
         self._scraping: asyncio.Task[None] | None = None
         self._aborts: asyncio.Task[None] | None = None
         self._warnings = RateLimitedWarnings(60.0, log)
@@ -79,19 +108,26 @@ class EngineWatch:
         self._register.listeners.append(self._stream_finished)
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=max(1.0, min(self.interval, 10.0)))
+        """Scrape from now on (in a task of the running loop)."""
+        https = self._origin.scheme == "https"
+        self._pool = UpstreamPool(
+            self._origin,
+            connect_timeout=self._timeout,
+            keepalive_timeout=_KEEPALIVE,
+            max_idle=2,  # the scrape and an abort's polls may overlap
+            ssl_context=ssl.create_default_context() if https else None,
         )
         self._scraping = asyncio.create_task(self._scrape_forever(), name="streamwarden-engine")
 
     async def close(self) -> None:
+        """Stop scraping and timing aborts, and close the connections to the engine."""
         for task in (self._scraping, self._aborts):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     @property
     def running(self) -> bool:
@@ -105,20 +141,42 @@ class EngineWatch:
 
     async def read(self) -> EngineReading | None:
         """One scrape of the engine, or ``None`` (counted and logged) if it failed."""
-        assert self._session is not None
+        assert self._pool is not None
         try:
-            async with self._session.get(self.url) as response:
-                body = await response.content.read(MAX_SCRAPE_BYTES + 1)
-                if response.status != 200 or len(body) > MAX_SCRAPE_BYTES:
-                    self._failed(f"HTTP {response.status} ({len(body)} bytes)")
-                    return None
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self._failed(type(exc).__name__)
+            async with asyncio.timeout(self._timeout):
+                body = await self._get(self._pool)
+        except TimeoutError:
+            self._failed(f"no answer within {self._timeout:g} s")
+            return None
+        except (UpstreamError, _NotAPage) as exc:
+            self._failed(str(exc))
             return None
         reading = read_engine(body.decode("utf-8", "replace"), self.engine)
         if reading is None:
             self._failed("no generated-token counter of a known engine")
         return reading
+
+    async def _get(self, pool: UpstreamPool) -> bytes:
+        """The page, whole; :class:`_NotAPage` if the answer is not one."""
+        exchange = await open_exchange(
+            pool, self._head, None, head_only=False, headers_timeout=0.0, idempotent=True
+        )
+        try:
+            head = exchange.head
+            media_type = head.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if head.status != 200:
+                raise _NotAPage(f"HTTP {head.status}")
+            if media_type not in _PAGE_TYPES:
+                # Not read to its end: the wrong path of a model server may be a stream.
+                raise _NotAPage(f"HTTP 200 but {media_type}, not Prometheus text")
+            page = _Page(MAX_SCRAPE_BYTES)
+            exchange.attach(page)
+            await page.read
+            if page.too_large:
+                raise _NotAPage(f"over {MAX_SCRAPE_BYTES} bytes")
+            return page.content()
+        finally:
+            exchange.finish()  # a page not read whole: the connection is closed
 
     def _failed(self, why: str) -> None:
         self._metrics.engine_scrape_errors.inc()
@@ -176,3 +234,61 @@ class EngineWatch:
                 self._cancels.clear()
                 return
             await asyncio.sleep(ABORT_POLL)  # the poll interval of the engine's gauge
+
+
+def _request_head(url: URL, origin: Origin) -> bytes:
+    """The scrape's request: credentials in the URL go as Basic auth, as Prometheus sends them."""
+    headers = [
+        ("Host", origin.host_header),
+        ("User-Agent", f"streamwarden/{__version__}"),
+        # Prometheus's text format; no Accept-Encoding: the page comes uncompressed.
+        ("Accept", "text/plain"),
+    ]
+    if url.user is not None:
+        token = f"{url.user}:{url.password or ''}".encode()
+        headers.append(("Authorization", "Basic " + base64.b64encode(token).decode()))
+    target = url.raw_path or "/"
+    if url.raw_query_string:
+        target += "?" + url.raw_query_string
+    return request_head("GET", target, headers)
+
+
+class _NotAPage(Exception):
+    """The engine answered, but not with a metrics page (the message says what it was)."""
+
+
+class _Page:
+    """A ``BodySink`` that keeps a page whole, up to ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self.too_large = False
+        #: Done when the page ended, broke, or went over the limit.
+        self.read: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def body(self, chunk: bytes) -> None:
+        if self.read.done():
+            return
+        self._size += len(chunk)
+        if self._size > self._limit:
+            self.too_large = True
+            self._chunks = []
+            self.read.set_result(None)
+            return
+        self._chunks.append(chunk)
+
+    def read_done(self) -> None:
+        pass
+
+    def body_end(self) -> None:
+        if not self.read.done():
+            self.read.set_result(None)
+
+    def body_broken(self, error: UpstreamError) -> None:
+        if not self.read.done():
+            self.read.set_exception(error)
+
+    def content(self) -> bytes:
+        return b"".join(self._chunks)
