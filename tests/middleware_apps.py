@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs
 
 import uvicorn
@@ -405,18 +405,22 @@ def running(server: str, workdir: Path, **options: Any) -> Iterator[ServerProces
 
 
 @contextlib.asynccontextmanager
-async def serve_in_process(app: Any) -> AsyncIterator[str]:
+async def serve_in_process(
+    app: Any, *, lifespan: Literal["on", "off"] = "off"
+) -> AsyncIterator[str]:
     """Run ``app`` under uvicorn, in this process and event loop, on a free loopback port.
 
     Yields the base URL. The test and the app share one event loop, so the
     test can inspect the app's objects (a middleware's ``streams``) directly.
+    ``lifespan="on"`` runs the app's startup before the first request and
+    its shutdown when the server exits.
     """
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=0,
         log_level="critical",
-        lifespan="off",
+        lifespan=lifespan,
         timeout_graceful_shutdown=1,
     )
     server = uvicorn.Server(config)

@@ -1,22 +1,32 @@
-"""The inference engine's own counters against the sidecar's (``engine_metrics_url``).
+"""The inference engine's own counters against a face's (``engine_metrics_url``).
 
 The mock serves engine metrics in vLLM's (or SGLang's) names and, with
 ``--no-abort``, keeps generating after its client leaves, as some
-llama.cpp server versions did. The sidecar's own accounting cannot see
+llama.cpp server versions did. The face's own accounting cannot see
 that generation: the stream was cancelled, the socket closed. Reconciled
 against the engine's counter, those tokens show up as unseen, and the
-time the engine takes to stop after a cancel is measured.
+time the engine takes to stop after a cancel is measured. The sidecar
+proxies to the mock; the middleware guards an app (under uvicorn, its
+lifespan on) that streams from the mock, as an app next to a vLLM does.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
+from middleware_apps import serve_in_process
 from streamwarden.engine import read_engine
+from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.mock import MockServer, MockSettings, start_mock
 from streamwarden.sidecar import Sidecar
 from waiting import wait_for
@@ -73,13 +83,16 @@ def test_text_without_a_known_counter_is_no_reading(text: str) -> None:
     assert read_engine(text) is None
 
 
-def metric(sidecar: Sidecar, name: str) -> float:
-    samples = {
+def samples(text: str) -> dict[str, float]:
+    return {
         line.split(" ")[0]: float(line.split(" ")[1])
-        for line in sidecar.metrics.render().decode().splitlines()
+        for line in text.splitlines()
         if line and not line.startswith("#")
     }
-    return samples.get(name, 0.0)
+
+
+def metric(face: Sidecar | StreamWardenMiddleware, name: str) -> float:
+    return samples(face.metrics.render().decode()).get(name, 0.0)
 
 
 @pytest.fixture
@@ -183,3 +196,150 @@ async def test_an_engine_that_cannot_be_scraped_never_touches_a_stream(
     )
     await whole_stream(sidecar.proxy_url, "fine")
     assert sidecar.tracker.finished[-1].meter.end_state == "completed"
+
+
+async def test_a_metrics_page_longer_than_one_read_is_read_to_its_end(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    # vLLM's page runs to hundreds of KiB (a histogram per model and label);
+    # the counter may come last.
+    filler = "# TYPE vllm:filler gauge\n" + "".join(
+        f'vllm:filler{{model_name="m{i}"}} 1.0\n' for i in range(20_000)
+    )
+    page = (filler + VLLM).encode()
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4"})
+        await response.prepare(request)
+        for at in range(0, len(page), 64 * 1024):
+            await response.write(page[at : at + 64 * 1024])
+            await asyncio.sleep(0.005)  # the page's pace: one network read per piece
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    try:
+        # Without streamwarden's reader: aiohttp's read(n) is what has arrived so far.
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url) as response:
+                first = await response.content.read(len(page) + 1)
+        assert len(first) < len(page)
+        assert read_engine(first.decode()) is None
+        sidecar = await start_sidecar(mock.url, engine_metrics_url=url)
+        assert sidecar.engine_watch is not None
+        reading = await sidecar.engine_watch.read()
+        assert reading is not None and reading.generated == 120.0
+    finally:
+        await runner.cleanup()
+
+
+# -- the middleware ---------------------------------------------------------------
+
+
+def app_streaming_from(model_url: str) -> Starlette:
+    """An app whose chat endpoint streams the model's answer, as an app in front of vLLM."""
+
+    async def chat(request: Request) -> StreamingResponse:
+        headers = {k: v for k, v in request.headers.items() if k.startswith("x-mock-")}
+        body = await request.body()
+
+        async def answer() -> AsyncIterator[bytes]:
+            # Cancelled when the client leaves: the connection to the model closes.
+            async with aiohttp.ClientSession() as session:
+                async with session.post(model_url + CHAT, headers=headers, data=body) as response:
+                    async for chunk in response.content.iter_any():
+                        yield chunk
+
+        return StreamingResponse(answer(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route(CHAT, chat, methods=["POST"])])
+
+
+def guarded(model: MockServer, **options: Any) -> StreamWardenMiddleware:
+    return StreamWardenMiddleware(
+        app_streaming_from(model.url),
+        engine_metrics_url=model.url + "/metrics",
+        engine_scrape_interval="100ms",
+        **options,
+    )
+
+
+async def test_through_the_middleware_an_engine_that_aborts_leaves_nothing_unseen(
+    engine: Callable[..., Awaitable[MockServer]],
+) -> None:
+    model = await engine(tokens_per_second=50)
+    middleware = guarded(model, metrics_path="/metrics")
+    watch = middleware.engine_watch
+    assert watch is not None and not watch.running
+    async with serve_in_process(middleware, lifespan="on") as url:
+        assert watch.running  # started by the lifespan's startup, before any request
+        await whole_stream(url, "whole")
+        await cancel_mid_stream(url, "cancelled")
+        await model.stats.wait_ended("cancelled")
+        await wait_for(
+            lambda: metric(middleware, "streamwarden_engine_abort_seconds_count") == 1,
+            what="the abort timed",
+        )
+        assert metric(middleware, "streamwarden_engine_abort_seconds_sum") < 0.1
+        generated = sum(r.tokens_generated for r in model.stats.records)
+        await wait_for(
+            lambda: metric(middleware, "streamwarden_engine_generated_tokens_total") >= generated,
+            what="a scrape after both streams",
+        )
+        assert metric(middleware, "streamwarden_engine_unseen_tokens_total") == 0
+        # The same families, where the app's Prometheus scrapes the middleware.
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url + "/metrics") as response:
+                served = samples(await response.text())
+        assert served["streamwarden_engine_abort_seconds_count"] == 1
+        assert served["streamwarden_engine_unseen_tokens_total"] == 0
+    assert not watch.running  # stopped by the lifespan's shutdown
+
+
+async def test_through_the_middleware_an_engine_that_does_not_abort_shows_its_zombie_tokens(
+    engine: Callable[..., Awaitable[MockServer]],
+) -> None:
+    model = await engine(tokens_per_second=100, abort_on_disconnect=False)
+    middleware = guarded(model)
+    async with serve_in_process(middleware, lifespan="on") as url:
+        await cancel_mid_stream(url, "zombie")
+        await wait_for(lambda: len(middleware.streams.finished) == 1)
+        meter = middleware.streams.finished[-1].meter
+        # What the middleware itself knows: a cancelled stream, a few zombie tokens at most.
+        assert meter.end_state == "client_cancelled" and meter.tokens_generated < 20
+        # The engine went on to the end of its 60-token answer, for nobody.
+        await wait_for(
+            lambda: metric(middleware, "streamwarden_engine_unseen_tokens_total") >= 40,
+            timeout=15,
+            what="the engine's zombie tokens reconciled as unseen",
+        )
+        await wait_for(
+            lambda: metric(middleware, "streamwarden_engine_abort_seconds_count") == 1,
+            timeout=15,
+            what="the abort timed",
+        )
+        assert metric(middleware, "streamwarden_engine_abort_seconds_sum") > 0.3
+        assert metric(middleware, "streamwarden_engine_tokens_after_cancel_total") >= 40
+
+
+async def test_without_a_lifespan_the_first_request_starts_the_watch(
+    engine: Callable[..., Awaitable[MockServer]],
+) -> None:
+    model = await engine(tokens_per_second=200)
+    middleware = guarded(model)
+    assert middleware.engine_watch is not None
+    async with serve_in_process(middleware, lifespan="off") as url:
+        assert not middleware.engine_watch.running
+        await whole_stream(url, "first")
+        assert middleware.engine_watch.running
+        await wait_for(
+            lambda: metric(middleware, "streamwarden_engine_generated_tokens_total") >= 20,
+            what="a scrape after the stream",
+        )
+        assert metric(middleware, "streamwarden_engine_unseen_tokens_total") == 0
+    await middleware.engine_watch.close()

@@ -120,8 +120,6 @@ def test_a_sidecar_only_setting_is_accepted_with_a_warning_not_ignored_silently(
         "admin_listen": "127.0.0.1:2",
         "trusted_proxies": ["10.0.0.0/8"],
         "usage_injection": "off",
-        "engine": "vllm",
-        "engine_metrics_url": "http://127.0.0.1:8000/metrics",
     }.get(key, "1s" if "timeout" in key or key.endswith("_after") else 1000)
     with caplog.at_level("WARNING", logger="streamwarden.middleware"):
         StreamWardenMiddleware(FastAPI(), **{key: value})
@@ -163,6 +161,10 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         # tests/test_filters_faces.py, tests/test_filters.py: redact or block, both faces.
         "output_filters",
         "output_filter_tool_arguments",
+        # tests/test_engine_reconcile.py: the engine's counters against either face's.
+        "engine_metrics_url",
+        "engine",
+        "engine_scrape_interval",
     }
 
 

@@ -95,9 +95,6 @@ SIDECAR_ONLY = frozenset(
         # app builds the provider's request itself.
         "usage_injection",
         "usage_injection_max_body_bytes",
-        "engine_metrics_url",
-        "engine",
-        "engine_scrape_interval",
     }
 )
 

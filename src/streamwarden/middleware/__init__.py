@@ -34,6 +34,12 @@ Where it diverges from the sidecar, and why:
   here and are passed on as they are. Never compress an event stream.
 - Drain on shutdown is the server's: a request the server cancels gets the
   ``shutting_down`` error event if its client can still hear it.
+- What runs beside the streams follows the app's lifespan: the engine
+  watch (``engine_metrics_url``) starts at ``lifespan.startup`` (or at the
+  first request, on a server that runs no lifespan) and stops at
+  ``lifespan.shutdown``. It reconciles the engine with this instance's
+  streams only: under several worker processes each counts the others'
+  tokens as unseen.
 - Logging is the app's: the middleware sets up a stderr handler (in
   ``log_format``, at ``log_level``) for the ``streamwarden`` loggers only if
   nothing in the process has set up Python logging, and it goes quiet once

@@ -4,7 +4,9 @@
 ``STREAMWARDEN_*`` over the defaults, the same model as the sidecar's) and
 builds the instance's metrics and stream log; each HTTP request gets a
 fresh :class:`~streamwarden.middleware.responder.StreamResponder`. Other
-scopes (lifespan, websocket) pass straight through.
+scopes (lifespan, websocket) pass straight through; the middleware only
+listens to the lifespan's messages, to start and stop what runs in the
+background (the engine watch, the telemetry's exporters).
 
 Metrics. Each instance owns one :class:`~streamwarden.metrics.StreamMetrics`
 (its own registry, as each sidecar does). The app can expose it with one
@@ -22,6 +24,7 @@ import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
+from streamwarden.engine_watch import EngineWatch
 from streamwarden.logs import log_unless_configured
 from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
@@ -92,13 +95,27 @@ class StreamWardenMiddleware:
             telemetry=self.telemetry,
         )
         self._metrics_path = self.settings.metrics_path
+        #: The inference engine's counters against this instance's streams
+        #: (engine_metrics_url): started by the lifespan's startup, or by the
+        #: first request when the server runs no lifespan; stopped by its shutdown.
+        self.engine_watch = (
+            EngineWatch(self.settings, self._context.pipeline, self.metrics)
+            if self.settings.engine_metrics_url is not None
+            else None
+        )
+        #: The watch is still to be started (a shutdown before any start cancels it).
+        self._engine_watch_pending = self.engine_watch is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            if scope["type"] == "lifespan" and self.telemetry is not None:
-                receive = self._flushing_on_shutdown(receive)
+            if scope["type"] == "lifespan" and (
+                self.telemetry is not None or self.engine_watch is not None
+            ):
+                receive = self._following_lifespan(receive)
             await self.app(scope, receive, send)
             return
+        if self._engine_watch_pending:
+            await self._start_engine_watch()  # a server that runs no lifespan
         scope[SCOPE_KEY] = self
         if self._metrics_path is not None and scope.get("path") == self._metrics_path:
             await _serve_metrics(self.metrics, scope, send)
@@ -109,17 +126,34 @@ class StreamWardenMiddleware:
             return  # a resume or a stop: answered from the store, never by the app
         await StreamResponder(self._context, scope, receive, send).run(self.app)
 
-    def _flushing_on_shutdown(self, receive: Receive) -> Receive:
-        """The app's lifespan receive; the server's shutdown flushes the spans first."""
+    def _following_lifespan(self, receive: Receive) -> Receive:
+        """The app's lifespan receive, with what the middleware runs beside the app.
+
+        Startup starts the engine watch; shutdown stops it and flushes the
+        spans; each before the app hears of it.
+        """
         telemetry = self.telemetry
 
         async def watched() -> Message:
             message = await receive()
-            if message.get("type") == "lifespan.shutdown" and telemetry is not None:
-                await asyncio.to_thread(telemetry.shutdown)
+            kind = message.get("type")
+            if kind == "lifespan.startup" and self._engine_watch_pending:
+                await self._start_engine_watch()
+            elif kind == "lifespan.shutdown":
+                if self.engine_watch is not None:
+                    self._engine_watch_pending = False  # closed: no request restarts it
+                    await self.engine_watch.close()
+                if telemetry is not None:
+                    await asyncio.to_thread(telemetry.shutdown)
             return message
 
         return watched
+
+    async def _start_engine_watch(self) -> None:
+        """Start the engine watch once, in the loop that serves the app."""
+        if self._engine_watch_pending and self.engine_watch is not None:
+            self._engine_watch_pending = False
+            await self.engine_watch.start()
 
     def close(self) -> None:
         """Flush and stop what runs in the background (the telemetry's exporters)."""

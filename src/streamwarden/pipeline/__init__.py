@@ -20,7 +20,7 @@ parity table (``python -m streamwarden.pipeline``) lists it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from streamwarden.meter import StreamRecord
@@ -77,7 +77,7 @@ class Pipeline(Generic[S]):
     ``ActiveStream``, the middleware's responder).
     """
 
-    __slots__ = ("end", "register", "stages")
+    __slots__ = ("end", "on_open", "register", "stages")
 
     def __init__(
         self,
@@ -90,6 +90,10 @@ class Pipeline(Generic[S]):
         built = (kind.build(services) for kind in (STAGES if stages is None else stages))
         #: The stages this face runs (those with something to do here).
         self.stages: tuple[Stage, ...] = tuple(stage for stage in built if stage is not None)
+        #: Called with each stream opened, once its stages have acted on it: the
+        #: register's listeners see streams end, these see them begin (the
+        #: engine watch counts the tokens of streams in flight by them).
+        self.on_open: list[Callable[[PipelineStream], None]] = []
 
     def open(self, start: StreamStart) -> PipelineStream:
         """A new stream: its stages picked, its relay built, and the stages acting on it."""
@@ -114,6 +118,8 @@ class Pipeline(Generic[S]):
         stream = PipelineStream(start, relay, self.register.next_id(), planned)
         for stage in planned:
             stage.opened(stream)
+        for callback in self.on_open:
+            callback(stream)
         return stream
 
     def finish(self, entry: S, stream: PipelineStream, now: float) -> StreamRecord:

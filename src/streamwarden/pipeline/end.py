@@ -19,7 +19,7 @@ rules for both:
 4. the stream's record is built from the relay and the register closes the
    stream with it: its listeners write the Prometheus metrics and the
    per-stream log line (both hung there by :class:`StreamEnd` itself, so
-   both faces have the same ones), and the sidecar's engine watch;
+   both faces have the same ones), and the engine watch if there is one;
 5. its stages see the record (``Stage.closed``): the OpenTelemetry spans
    end with it.
 
