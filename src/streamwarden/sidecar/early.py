@@ -22,7 +22,7 @@ from streamwarden.plan import StreamPlan, plan_response
 from streamwarden.register import Slot
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.streaming import Streaming, head_response
-from streamwarden.sidecar.upstream import Exchange, ResponseHead
+from streamwarden.upstream import Exchange, ResponseHead
 
 __all__ = ["relay_early"]
 

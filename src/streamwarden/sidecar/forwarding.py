@@ -24,7 +24,7 @@ from yarl import URL
 from streamwarden.config import Settings
 from streamwarden.headers import drop_hop_by_hop
 from streamwarden.sidecar.injection import Rewritten
-from streamwarden.sidecar.upstream import Origin, RequestBody, request_head
+from streamwarden.upstream import Origin, RequestBody, request_head
 
 if TYPE_CHECKING:
     from streamwarden.telemetry import RequestTrace

@@ -24,7 +24,7 @@ from aiohttp import web
 from streamwarden.config import ResolvedRoute
 from streamwarden.dialects import SSE_MEDIA_TYPE, detect
 from streamwarden.headers import drop_hop_by_hop
-from streamwarden.sidecar.upstream import Exchange, UpstreamBroken, UpstreamError
+from streamwarden.upstream import Exchange, UpstreamBroken, UpstreamError
 from streamwarden.usage import (
     TakeBack,
     UsageHabits,

@@ -18,7 +18,7 @@ from streamwarden.config import ResolvedRoute
 from streamwarden.headers import drop_hop_by_hop
 from streamwarden.sidecar.driver import PassThrough
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
-from streamwarden.sidecar.upstream import Exchange
+from streamwarden.upstream import Exchange
 
 __all__ = ["pass_through"]
 

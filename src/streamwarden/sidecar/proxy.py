@@ -8,7 +8,7 @@ module of its own:
 - a resume or an owner's stop, answered from the store and never
   forwarded: :mod:`~streamwarden.sidecar.resume`;
 - usage injection's request side: :mod:`~streamwarden.sidecar.injection`;
-- the upstream client: :mod:`~streamwarden.sidecar.upstream`;
+- the upstream client: :mod:`~streamwarden.upstream`;
 - what the upstream answers, as the response's stream plan
   (:mod:`streamwarden.plan`) decides: a stream goes through
   :mod:`~streamwarden.sidecar.streaming` (and, before the upstream answers
@@ -59,7 +59,8 @@ from streamwarden.sidecar.passthrough import pass_through
 from streamwarden.sidecar.resume import answer_resume
 from streamwarden.sidecar.streaming import Streaming
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
-from streamwarden.sidecar.upstream import (
+from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
+from streamwarden.upstream import (
     BodyTooLarge,
     ClientBodyBroken,
     Exchange,
@@ -69,7 +70,6 @@ from streamwarden.sidecar.upstream import (
     UpstreamPool,
     open_exchange,
 )
-from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
 from streamwarden.usage import UsageRole
 
 if TYPE_CHECKING:

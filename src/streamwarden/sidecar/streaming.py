@@ -31,7 +31,7 @@ from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.forwarding import trace_of
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
-from streamwarden.sidecar.upstream import Exchange
+from streamwarden.upstream import Exchange
 from streamwarden.usage import UsageRole
 
 __all__ = ["StreamRun", "Streaming", "head_response"]

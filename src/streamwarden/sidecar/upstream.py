@@ -1,9 +1,9 @@
 """The sidecar's upstream client, by its old name: :mod:`streamwarden.upstream`.
 
 The client moved out of the sidecar so that ``streamwarden probe`` can use
-it without importing the face. Some of the sidecar's modules still import
-it from here, until the package is laid out anew (issue #26); new code
-imports :mod:`streamwarden.upstream`.
+it without importing the face. Nothing in the project imports it from
+here any more: this name stays for code outside that did, as a
+deprecation path; new code imports :mod:`streamwarden.upstream`.
 """
 
 from __future__ import annotations
