@@ -104,3 +104,39 @@ def test_the_readme_parity_table_is_generated_from_the_plan() -> None:
     assert start in text and end in text
     published = text.split(start, 1)[1].split(end, 1)[0]
     assert published == parity_table() + "\n", "run: python -m streamwarden.pipeline"
+
+
+def _flow() -> PipelineStream:
+    from streamwarden.config import load_settings
+    from streamwarden.pipeline import FaceServices, Pipeline
+    from streamwarden.plan import StreamPlan
+    from streamwarden.register import StreamRegister
+
+    settings = load_settings(environ={}, overrides={})
+    register: StreamRegister[str] = StreamRegister()
+    plan = StreamPlan("sse", "identity", "text/event-stream")
+    start = StreamStart(
+        "middleware", settings.for_path(CHAT), plan, "POST", CHAT, 200, (), {}, 0.0, 0.0
+    )
+    return Pipeline(FaceServices("middleware", settings), register).open(start)
+
+
+def test_the_stages_headers_replace_any_of_the_same_name_in_both_faces() -> None:
+    flow = _flow()
+    flow.headers.append(("Streamwarden-Stream-Id", "ours"))
+    # An app (or upstream) behind us that passes on another sidecar's id.
+    sent = [("content-type", "text/event-stream"), ("streamwarden-stream-id", "theirs")]
+    assert flow.head(sent) == [
+        ("content-type", "text/event-stream"),
+        ("Streamwarden-Stream-Id", "ours"),
+    ]
+
+
+def test_a_stop_before_the_face_can_act_acts_as_soon_as_it_can() -> None:
+    flow = _flow()
+    stopped: list[str] = []
+    flow.stop()  # an owner's DELETE, before the face bound its stop
+    flow.stop_by(lambda: stopped.append("stopped"))
+    assert stopped == ["stopped"]
+    flow.stop()
+    assert stopped == ["stopped", "stopped"]

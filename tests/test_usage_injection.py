@@ -199,7 +199,7 @@ async def test_the_upstream_receives_the_body_with_the_option_added_and_its_leng
 ) -> None:
     upstream = RecordingUpstream()
     sidecar = await start_sidecar(await serve(upstream))
-    sent = b'{"model": "m", "stream": true, "stream_options": {"x": 1}, "messages": []}'
+    sent = b'{"model": "m", "stream": true, "stream_options": {"include_usage": false}}'
     async with httpx.AsyncClient() as client:
         responses = [
             await client.post(
@@ -207,9 +207,7 @@ async def test_the_upstream_receives_the_body_with_the_option_added_and_its_leng
             )
             for _ in range(2)
         ]
-    expected = (
-        b'{"model":"m","stream":true,"stream_options":{"x":1,"include_usage":true},"messages":[]}'
-    )
+    expected = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
     assert upstream.bodies == [sent, expected]  # the first one shows the habit
     assert upstream.lengths == [str(len(sent)), str(len(expected))]
     for response in responses:
@@ -345,26 +343,83 @@ async def test_the_client_gets_every_byte_the_upstream_sends_it_unasked(
     assert all(meter.tokens_generated == 3 for meter in meters)
 
 
+KEY = (CHAT, "m", False)
+
+
+def _frame(raw: bytes) -> Any:
+    from streamwarden.sse import Event, Frame
+
+    return Frame(raw, Event("message", raw.decode().removeprefix("data: ").strip(), None))
+
+
 def test_a_habit_is_learned_from_a_whole_stream_and_again_after_its_memory() -> None:
     from streamwarden.dialects.base import NOTHING, TERMINAL
-    from streamwarden.sse import Event, Frame
     from streamwarden.usage import HabitWatch, TakeBack, UsageHabit, UsageHabits
 
     habits = UsageHabits(memory=60.0, paths=2)
-    watch = habits.role(CHAT, 0.0)
+    watch = habits.role(KEY, 0.0)
     assert isinstance(watch, HabitWatch)
-    null = b'data: {"choices":[],"usage":null}\n\n'
-    watch.see(Frame(null, Event("message", null[6:-2].decode(), None)), NOTHING, 1.0)
-    assert isinstance(habits.role(CHAT, 1.0), HabitWatch)  # not yet known
-    watch.see(Frame(b"data: [DONE]\n\n", Event("message", "[DONE]", None)), TERMINAL, 2.0)
-    assert habits.role(CHAT, 3.0) == TakeBack(chunk=True, nulls=False)
-    assert isinstance(habits.role(CHAT, 62.0), HabitWatch)  # learned again
-    # A bounded memory: a third path forgets the oldest.
-    habits.learn("/a", UsageHabit(volunteers=True, marks_null=False), 3.0)
-    habits.learn("/b", UsageHabit(volunteers=False, marks_null=False), 3.0)
-    assert isinstance(habits.role(CHAT, 4.0), HabitWatch)
-    assert habits.role("/a", 4.0) is None  # volunteers: nothing to inject
-    assert habits.role("/b", 4.0) == TakeBack()
+    watch.see(_frame(b'data: {"choices":[],"usage":null}\n\n'), NOTHING, 1.0)
+    assert isinstance(habits.role(KEY, 1.0), HabitWatch)  # not yet known
+    watch.see(_frame(b"data: [DONE]\n\n"), TERMINAL, 2.0)  # whole, with nulls, no count
+    assert habits.role(KEY, 3.0) == TakeBack(chunk=True, nulls=False)
+    assert isinstance(habits.role(KEY, 62.0), HabitWatch)  # learned again
+    # A bounded memory: a third key forgets the oldest.
+    habits.learn(("/a", "m", False), UsageHabit(volunteers=True, marks_null=False), 3.0)
+    habits.learn(("/b", "m", False), UsageHabit(volunteers=False, marks_null=False), 3.0)
+    assert isinstance(habits.role(KEY, 4.0), HabitWatch)
+    assert habits.role(("/a", "m", False), 4.0) is None  # volunteers: nothing to inject
+    assert habits.role(("/b", "m", False), 4.0) == TakeBack()
+
+
+def test_a_habit_only_learns_towards_leaving_bytes_alone() -> None:
+    from streamwarden.usage import HabitWatch, UsageHabit, UsageHabits
+
+    habits = UsageHabits(memory=60.0)
+    habits.learn(KEY, UsageHabit(volunteers=True, marks_null=False), 0.0)
+    # A later (or a stale) stream that showed no count, say a client's own
+    # pick of a model that sends none, cannot make the sidecar take back
+    # the count another stream's upstream sends by itself.
+    habits.learn(KEY, UsageHabit(volunteers=False, marks_null=False), 1.0)
+    assert habits.role(KEY, 2.0) is None
+    # The model is part of the key: another model behind the same path is its own lesson.
+    assert isinstance(habits.role((CHAT, "other", False), 2.0), HabitWatch)
+
+
+def test_a_stream_with_an_error_teaches_no_habit() -> None:
+    from streamwarden.dialects.base import TERMINAL, UPSTREAM_ERROR
+    from streamwarden.usage import HabitWatch, UsageHabits
+
+    habits = UsageHabits()
+    watch = habits.role(KEY, 0.0)
+    assert isinstance(watch, HabitWatch)
+    # vLLM's error event, then [DONE] and no usage: not what a whole stream sends.
+    watch.see(_frame(b'data: {"error":{"message":"x"}}\n\n'), UPSTREAM_ERROR, 1.0)
+    assert watch.settled
+    assert isinstance(habits.role(KEY, 2.0), HabitWatch)
+    assert TERMINAL.terminal
+
+
+@pytest.mark.parametrize(
+    ("body", "injected"),
+    [
+        (b'{"model":"m","stream":true}', True),
+        (b'{"model":"m","stream":true,"stream_options":{"include_usage":false}}', True),
+        # vLLM's continuous_usage_stats would put a count on every chunk.
+        (b'{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}}', False),
+        (b'{"model":"' + b"m" * 300 + b'","stream":true}', False),  # a model name past the bound
+        (b'{"model":7,"stream":true}', False),
+    ],
+    ids=["plain", "include-false", "continuous", "long-model", "odd-model"],
+)
+def test_which_bodies_are_asked_for_usage(body: bytes, injected: bool) -> None:
+    from streamwarden.usage import usage_request
+
+    asked = usage_request(body)
+    assert (asked is not None) == injected
+    if asked is not None:
+        assert json.loads(asked.injected)["stream_options"]["include_usage"] is True
+        assert asked.had_options == (b"stream_options" in body)
 
 
 async def test_a_stream_cut_before_its_end_teaches_no_habit(

@@ -17,14 +17,15 @@ when nobody asks: vLLM with ``--enable-force-include-usage`` and several
 hosted APIs send the usage chunk on every stream, SGLang-style servers
 write ``"usage": null`` on every chunk. Taking either back there would
 delete bytes the client gets directly. So the sidecar never changes a
-request to an upstream path before it has seen that path answer one
-unchanged request that asked for no usage (:class:`UsageHabits`,
-:class:`HabitWatch`): a path that volunteers usage is never injected
+request before it has seen one unchanged request of the same kind (the
+same upstream path and model, with or without ``stream_options``) that
+asked for no usage answered whole (:class:`UsageHabits`,
+:class:`HabitWatch`): a kind that volunteers usage is never injected
 (the count comes anyway), and on the others only what the upstream does
-not send by itself is taken back. The first such stream on a path (and
-one every :data:`HABIT_MEMORY` seconds, so that a redeployed upstream is
-learned again) is metered from the provider's count if it volunteers one,
-else estimated.
+not send by itself is taken back. Until one such stream has ended, and
+again every :data:`HABIT_MEMORY` seconds (so that a redeployed upstream
+is learned again), requests of that kind go unchanged, metered from the
+provider's count if it volunteers one, else estimated.
 
 Bodies that are not a JSON object, do not stream, already ask for usage,
 or are larger than the configured bound are sent unchanged. An upstream
@@ -50,6 +51,7 @@ __all__ = [
     "TakeBack",
     "UsageHabit",
     "UsageHabits",
+    "UsageRequest",
     "UsageRole",
     "inject_usage",
     "refuses_stream_options",
@@ -96,15 +98,17 @@ class TakeBack:
 class HabitWatch:
     """One unchanged stream, read for its upstream's habit (fed by the relay).
 
-    Conclusive on the first usage count (the path volunteers it) or at the
-    terminal event (it did not); a stream cut before either teaches nothing.
+    Conclusive on the first usage count (the key volunteers it) or at a
+    clean terminal event (it did not). A stream cut before either, or one
+    that carried an error (vLLM writes its error event, then ``[DONE]``,
+    and no usage), teaches nothing.
     """
 
-    __slots__ = ("_habits", "_ids", "_nulls", "_path", "settled")
+    __slots__ = ("_habits", "_ids", "_key", "_nulls", "settled")
 
-    def __init__(self, habits: UsageHabits, path: str) -> None:
+    def __init__(self, habits: UsageHabits, key: HabitKey) -> None:
         self._habits = habits
-        self._path = path
+        self._key = key
         self._nulls = False
         self._ids = False
         #: The habit is learned: nothing more to watch.
@@ -117,7 +121,9 @@ class HabitWatch:
             self._nulls = True
         if frame.event is not None and frame.event.id is not None:
             self._ids = True  # the id persists: any event of a numbered stream has one
-        if seen.usage_only or seen.output_tokens is not None or seen.input_tokens is not None:
+        if seen.error:
+            self.settled = True  # an error's stream is no lesson in what a whole one sends
+        elif seen.usage_only or seen.output_tokens is not None or seen.input_tokens is not None:
             self._settle(True, now)
         elif seen.terminal:
             self._settle(False, now)
@@ -125,7 +131,7 @@ class HabitWatch:
     def _settle(self, volunteers: bool, now: float) -> None:
         self.settled = True
         habit = UsageHabit(volunteers, self._nulls, self._ids)
-        self._habits.learn(self._path, habit, now)
+        self._habits.learn(self._key, habit, now)
 
 
 #: How the relay treats usage on one stream: what to take back of an
@@ -133,38 +139,78 @@ class HabitWatch:
 UsageRole = TakeBack | HabitWatch | None
 
 
+#: What a habit is learned for: the upstream path, the request's model (a
+#: gateway serves many behind one path) and whether the request carried
+#: ``stream_options`` at all (some servers force usage only where it does).
+HabitKey = tuple[str, str, bool]
+
+
 class UsageHabits:
-    """Per upstream path, what it sends unasked, and so what injection may take back."""
+    """Per habit key, what the upstream sends unasked, and so what injection may take back.
+
+    Learning only ever goes towards leaving bytes alone: within the memory,
+    a stream that shows more (a count, ``"usage": null``, ids) than what is
+    known adds it, and one that shows less changes nothing, so no stream,
+    a client's or a stale one, can make the sidecar take back what another
+    stream's upstream sends by itself.
+    """
 
     def __init__(self, memory: float = HABIT_MEMORY, paths: int = HABIT_PATHS) -> None:
         self._memory = memory
         self._paths = paths
-        self._known: OrderedDict[str, tuple[UsageHabit, float]] = OrderedDict()
+        self._known: OrderedDict[HabitKey, tuple[UsageHabit, float]] = OrderedDict()
 
-    def role(self, path: str, now: float) -> UsageRole:
+    def role(self, key: HabitKey, now: float) -> UsageRole:
         """For a request the sidecar could inject: take back this, watch, or leave it.
 
         ``None`` (send unchanged, nothing to take back): the path sends
         usage unasked, so the meter gets the count without the option, or
         numbers its events, so no event can be added without changing ids.
         """
-        known = self._known.get(path)
+        known = self._known.get(key)
         if known is None or now - known[1] >= self._memory:
-            return HabitWatch(self, path)
+            return HabitWatch(self, key)
         habit = known[0]
         if habit.volunteers or habit.numbers_events:
             return None
         return TakeBack(chunk=True, nulls=not habit.marks_null)
 
-    def learn(self, path: str, habit: UsageHabit, now: float) -> None:
+    def learn(self, key: HabitKey, habit: UsageHabit, now: float) -> None:
         known = self._known
-        known[path] = (habit, now)
-        known.move_to_end(path)
+        held = known.get(key)
+        if held is not None and now - held[1] < self._memory:
+            old = held[0]
+            habit = UsageHabit(
+                old.volunteers or habit.volunteers,
+                old.marks_null or habit.marks_null,
+                old.numbers_events or habit.numbers_events,
+            )
+            now = held[1]  # learned then: it is learned again from scratch in time
+        known[key] = (habit, now)
+        known.move_to_end(key)
         while len(known) > self._paths:
             known.popitem(last=False)
 
 
-def inject_usage(body: bytes) -> bytes | None:
+@dataclass(frozen=True, slots=True)
+class UsageRequest:
+    """A request body that may ask for usage in the client's place."""
+
+    #: The body with ``stream_options.include_usage`` added.
+    injected: bytes
+    #: The request's model, and whether it carried ``stream_options``.
+    model: str
+    had_options: bool
+
+    def key(self, path: str) -> HabitKey:
+        return (path, self.model, self.had_options)
+
+
+#: Longest model name a habit is kept for: a longer one is sent unchanged.
+MAX_MODEL_NAME = 256
+
+
+def usage_request(body: bytes) -> UsageRequest | None:
     """The body asking for ``include_usage``, or ``None`` if it is to be sent unchanged."""
     try:
         request: Any = json.loads(body)
@@ -172,15 +218,30 @@ def inject_usage(body: bytes) -> bytes | None:
         return None
     if not isinstance(request, dict) or request.get("stream") is not True:
         return None
+    model = request.get("model", "")
+    if not isinstance(model, str) or len(model) > MAX_MODEL_NAME:
+        return None
     options = request.get("stream_options")
+    had_options = options is not None
     if options is None:
         options = {}
     elif not isinstance(options, dict):
         return None  # the client's own odd value: not ours to fix
     if options.get("include_usage") is True:
         return None  # asked for by the client: it gets it, nothing to take back
+    if set(options) - {"include_usage"}:
+        # Another option (vLLM's continuous_usage_stats) would turn into a
+        # count on every chunk once include_usage is set: not ours to take back.
+        return None
     request["stream_options"] = {**options, "include_usage": True}
-    return json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode()
+    injected = json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode()
+    return UsageRequest(injected, model, had_options)
+
+
+def inject_usage(body: bytes) -> bytes | None:
+    """The body asking for ``include_usage``, or ``None`` if it is to be sent unchanged."""
+    asked = usage_request(body)
+    return None if asked is None else asked.injected
 
 
 def without_usage_null(raw: bytes) -> bytes:

@@ -89,7 +89,6 @@ class StreamWardenMiddleware:
                 ),
                 self.streams,
             ),
-            gap_observer=self.metrics.observe_gap,
             extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
             resume=self.resume,
             telemetry=self.telemetry,

@@ -291,7 +291,7 @@ class StreamResponder:
                 trace=self._trace,
             )
         )
-        flow.on_stop = self._stop_by_owner
+        flow.stop_by(self._stop_by_owner)
         self._phase = _Phase.STREAMING
         self._admission.stop_looking()
         writer = ClientWriter(
@@ -313,8 +313,7 @@ class StreamResponder:
         headers_out = stream_response_headers(
             drop_hop_by_hop(_decode(message)), drop_encoding=plan.decoded
         )
-        headers_out.extend(flow.headers)
-        start["headers"] = _encode(headers_out)
+        start["headers"] = _encode(flow.head(headers_out))
         await writer.send_head(start)
         self._inbox.watch(writer.client_disconnected)
         clock.start()

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamwarden.config import Settings
-from streamwarden.meter import GapObserver
 from streamwarden.pipeline import Pipeline
 from streamwarden.register import Listener, StreamRegister
 from streamwarden.resume_service import ResumeService
@@ -33,7 +32,6 @@ class FaceContext:
     streams: Streams
     #: What runs on every stream, and where every stream ends.
     pipeline: Pipeline[object]
-    gap_observer: GapObserver | None = None
     #: ``settings.stream_media_types``, lower-cased, for the stream check.
     extra_media_types: frozenset[str] = field(default=frozenset())
     #: Resumes and stops, when some route keeps its streams for a resume.

@@ -21,6 +21,7 @@ parity table (``python -m streamwarden.pipeline``) lists it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Generic, TypeVar
 
 from streamwarden.meter import StreamRecord
@@ -120,6 +121,9 @@ class Pipeline(Generic[S]):
             stage.opened(stream)
         for callback in self.on_open:
             callback(stream)
+        # The request's headers (its credentials among them) were for the
+        # stages' opening (a resumable stream's owner): not kept for its life.
+        stream.start = replace(start, request_headers=())
         return stream
 
     def finish(self, entry: S, stream: PipelineStream, now: float) -> StreamRecord:

@@ -14,8 +14,8 @@ class KeepAlive(Stage):
     summary = "`: keep-alive` between events after `keepalive_interval` with nothing written"
 
     def wanted(self, start: StreamStart) -> bool:
-        # Line-framed streams (NDJSON, Vercel's data stream) have no comment syntax.
-        return start.plan.framing == "sse" and start.route.limits.keepalive_interval > 0
+        # (The relay writes one only where the framing has comments: SSE.)
+        return start.route.limits.keepalive_interval > 0
 
     def configure(self, start: StreamStart, options: RelayOptions) -> None:
         options.keepalive_interval = start.route.limits.keepalive_interval

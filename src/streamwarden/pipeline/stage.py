@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.meter import GapObserver, StreamRecord
@@ -123,19 +123,38 @@ class PipelineStream:
     stages: tuple[Stage, ...]
     #: Headers the stages add to the response's head.
     headers: list[tuple[str, str]] = field(default_factory=list)
-    #: The face's way to stop the stream at once (an owner's ``DELETE``).
+    #: The face's way to stop the stream at once (an owner's ``DELETE``): :meth:`stop_by`.
     on_stop: Callable[[], None] | None = None
+    #: A stop came before the face could act on it: it acts as soon as it can.
+    stop_pending: bool = False
     #: For a detached stream: how much longer a resume holds it (``None``: nobody).
     holds: Callable[[], Awaitable[float | None]] | None = None
     #: Counted in the detached-streams gauge (client gone, kept for a resume).
     counted_detached: bool = False
-    #: What stages keep on the stream between their hooks, by stage name.
-    notes: dict[str, Any] = field(default_factory=dict)
 
     def stop(self) -> None:
-        """Stop the stream now, through its face (a no-op before the face can)."""
+        """Stop the stream now, through its face (or as soon as the face can)."""
         if self.on_stop is not None:
             self.on_stop()
+        else:
+            self.stop_pending = True
+
+    def stop_by(self, on_stop: Callable[[], None]) -> None:
+        """The face can stop the stream now, with ``on_stop``; a stop that came early acts."""
+        self.on_stop = on_stop
+        if self.stop_pending:
+            on_stop()
+
+    def head(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The response's headers with the stages' own: theirs replace any of the same name.
+
+        (An app or upstream behind us may send one, another sidecar's stream
+        id, say: a client must see one value, ours.)
+        """
+        if not self.headers:
+            return headers
+        ours = {name.lower() for name, _ in self.headers}
+        return [(n, v) for n, v in headers if n.lower() not in ours] + self.headers
 
 
 class Stage:

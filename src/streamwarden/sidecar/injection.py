@@ -2,9 +2,9 @@
 
 :class:`UsageInjector` decides, per request, whether to ask the upstream
 for usage the client did not ask for, reads the (bounded) body to rewrite
-it, and remembers two things of its upstream: per path, what it sends
-when nobody asks for usage (:class:`~streamwarden.usage.UsageHabits`:
-learned from one unchanged stream before any request there is changed),
+it, and remembers two things of its upstream: per path and model, what
+it sends when nobody asks for usage (:class:`~streamwarden.usage.UsageHabits`:
+learned from unchanged streams, before any request of that kind is changed),
 and a refusal of the option: after a ``400`` that names
 ``stream_options`` (:meth:`UsageInjector.look_into_refusal`) the request
 is sent again as the client sent it, and the sidecar does not inject there
@@ -29,8 +29,8 @@ from streamwarden.usage import (
     TakeBack,
     UsageHabits,
     UsageRole,
-    inject_usage,
     refuses_stream_options,
+    usage_request,
 )
 
 __all__ = ["REFUSAL_MEMORY", "Buffered", "Rewritten", "UsageInjector", "read_refusal"]
@@ -66,8 +66,6 @@ class Rewritten:
 
     body: bytes
     original: bytes
-    #: What the relay takes back of the option on this stream.
-    take_back: TakeBack
 
 
 class UsageInjector:
@@ -125,13 +123,13 @@ class UsageInjector:
         habit is known; otherwise it goes as it came and its stream is
         watched to learn the habit.
         """
-        injected = inject_usage(body)
-        if injected is None:
+        asked = usage_request(body)
+        if asked is None:
             return None, None
-        role = self.habits.role(path, asyncio.get_running_loop().time())
+        role = self.habits.role(asked.key(path), asyncio.get_running_loop().time())
         if not isinstance(role, TakeBack):
             return None, role
-        return Rewritten(injected, body, role), role
+        return Rewritten(asked.injected, body), role
 
     def refused(self) -> None:
         """The upstream refused the option: leave it alone for a while."""

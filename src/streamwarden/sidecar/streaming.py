@@ -246,11 +246,8 @@ def head_response(
 ) -> web.StreamResponse:
     """A stream's response head: its stream headers, then what its stages add."""
     response = web.StreamResponse(status=status, reason=reason)
-    for name, value in headers:
+    for name, value in flow.head(list(headers)):
         response.headers.add(name, value)
-    # The stages' own (a resumable stream's id, say) win over any the upstream sent.
-    for name, value in flow.headers:
-        response.headers[name] = value
     return response
 
 
@@ -268,5 +265,5 @@ def _driver(channel: ClientChannel, stream: ActiveStream, flow: PipelineStream) 
         holds=flow.holds,
     )
     channel.on_gone(driver.client_gone)
-    flow.on_stop = driver.stop
+    flow.stop_by(driver.stop)
     return driver
