@@ -13,6 +13,7 @@ lifespan on) that streams from the mock, as an app next to a vLLM does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -208,12 +209,18 @@ async def test_a_metrics_page_longer_than_one_read_is_read_to_its_end(
     )
     page = (filler + VLLM).encode()
 
+    # The rest of the page waits until the direct reader has had its first read.
+    released = asyncio.Event()
+
     async def metrics(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4"})
         await response.prepare(request)
-        for at in range(0, len(page), 64 * 1024):
-            await response.write(page[at : at + 64 * 1024])
-            await asyncio.sleep(0.005)  # the page's pace: one network read per piece
+        piece = 64 * 1024
+        await response.write(page[:piece])
+        await released.wait()
+        with contextlib.suppress(ConnectionResetError):  # the direct reader has gone
+            for at in range(piece, len(page), piece):
+                await response.write(page[at : at + piece])
         return response
 
     app = web.Application()
@@ -228,6 +235,7 @@ async def test_a_metrics_page_longer_than_one_read_is_read_to_its_end(
         async with aiohttp.ClientSession() as session:
             async with session.get(url) as response:
                 first = await response.content.read(len(page) + 1)
+        released.set()
         assert len(first) < len(page)
         assert read_engine(first.decode()) is None
         sidecar = await start_sidecar(mock.url, engine_metrics_url=url)
