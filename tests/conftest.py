@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from streamwarden.config import load_settings
+from sidecars import StartSidecar, sidecars
 from streamwarden.mock import MockServer, start_mock
-from streamwarden.sidecar import Sidecar
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
-
 
 if os.environ.get("TEST_EVENT_LOOP") == "uvloop":
     # ``streamwarden run`` picks uvloop when it is installed, so the
@@ -38,23 +33,5 @@ async def mock() -> AsyncIterator[MockServer]:
 @pytest.fixture
 async def start_sidecar() -> AsyncIterator[StartSidecar]:
     """Start sidecars on free loopback ports; all are closed after the test."""
-    started: list[Sidecar] = []
-
-    async def start(upstream: str, **overrides: Any) -> Sidecar:
-        settings = load_settings(
-            environ={},
-            overrides={
-                "upstream": upstream,
-                "listen": "127.0.0.1:0",
-                "admin_listen": "127.0.0.1:0",
-                **overrides,
-            },
-        )
-        sidecar = Sidecar(settings)
-        await sidecar.start()
-        started.append(sidecar)
-        return sidecar
-
-    yield start
-    for sidecar in started:
-        await sidecar.close()
+    async with sidecars() as start:
+        yield start

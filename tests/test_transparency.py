@@ -27,7 +27,6 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
@@ -35,7 +34,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from middleware_apps import serve_in_process
-from streamwarden.config import load_settings
+from sidecars import sidecars
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.mock import MockServer, start_mock
 from streamwarden.sidecar import Sidecar
@@ -107,26 +106,8 @@ async def mock_upstream() -> AsyncIterator[MockServer]:
 @pytest_asyncio.fixture(loop_scope="module")
 async def start_sidecar() -> AsyncIterator[StartSidecar]:
     """conftest's ``start_sidecar``, on the module's loop (a fixture runs on its own loop scope)."""
-    started: list[Sidecar] = []
-
-    async def start(upstream: str, **overrides: Any) -> Sidecar:
-        settings = load_settings(
-            environ={},
-            overrides={
-                "upstream": upstream,
-                "listen": "127.0.0.1:0",
-                "admin_listen": "127.0.0.1:0",
-                **overrides,
-            },
-        )
-        sidecar = Sidecar(settings)
-        await sidecar.start()
-        started.append(sidecar)
-        return sidecar
-
-    yield start
-    for sidecar in started:
-        await sidecar.close()
+    async with sidecars() as start:
+        yield start
 
 
 async def ask(client: httpx.AsyncClient, base: str, case: Case, asks_usage: bool) -> httpx.Response:

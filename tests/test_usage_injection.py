@@ -387,7 +387,7 @@ def test_a_habit_only_learns_towards_leaving_bytes_alone() -> None:
 
 
 def test_a_stream_with_an_error_teaches_no_habit() -> None:
-    from streamwarden.dialects.base import TERMINAL, UPSTREAM_ERROR
+    from streamwarden.dialects.base import UPSTREAM_ERROR
     from streamwarden.usage import HabitWatch, UsageHabits
 
     habits = UsageHabits()
@@ -397,7 +397,6 @@ def test_a_stream_with_an_error_teaches_no_habit() -> None:
     watch.see(_frame(b'data: {"error":{"message":"x"}}\n\n'), UPSTREAM_ERROR, 1.0)
     assert watch.settled
     assert isinstance(habits.role(KEY, 2.0), HabitWatch)
-    assert TERMINAL.terminal
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.resume import scope_headers
 from streamwarden.middleware.streams import FaceContext
 from streamwarden.middleware.writer import ClientWriter
-from streamwarden.pipeline import PipelineStream, StreamStart, request_headers
+from streamwarden.pipeline import PipelineStream, StreamStart
 from streamwarden.plan import StreamPlan, plan_response
 
 __all__ = ["StreamResponder"]
@@ -284,7 +284,7 @@ class StreamResponder:
                 str(scope.get("method", "")),
                 path,
                 self._status,
-                request_headers(scope_headers(scope)),
+                tuple(scope_headers(scope)),
                 headers,
                 self._started_at,
                 loop.time(),

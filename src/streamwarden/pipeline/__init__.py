@@ -38,7 +38,6 @@ from streamwarden.pipeline.stage import (
     RelayOptions,
     Stage,
     StreamStart,
-    request_headers,
 )
 from streamwarden.pipeline.telemetry import Telemetry
 from streamwarden.pipeline.usage import UsageTakeBack
@@ -54,7 +53,6 @@ __all__ = [
     "RelayOptions",
     "Stage",
     "StreamStart",
-    "request_headers",
 ]
 
 #: The plan: every stage a stream can run, in the order they act.

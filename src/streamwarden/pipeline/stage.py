@@ -21,7 +21,7 @@ what it does.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -196,8 +196,3 @@ class Stage:
 
     def closed(self, stream: PipelineStream, record: StreamRecord) -> None:
         """The stream's record is written."""
-
-
-def request_headers(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """A request's headers as a :class:`StreamStart` keeps them."""
-    return tuple(pairs)

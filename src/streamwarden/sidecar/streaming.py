@@ -24,7 +24,7 @@ from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
 from streamwarden.headers import drop_hop_by_hop, stream_response_headers
-from streamwarden.pipeline import Pipeline, PipelineStream, StreamStart, request_headers
+from streamwarden.pipeline import Pipeline, PipelineStream, StreamStart
 from streamwarden.plan import StreamPlan
 from streamwarden.register import Slot
 from streamwarden.sidecar.driver import StreamDriver
@@ -77,7 +77,7 @@ class Streaming:
             request.method,
             request.path,
             status,
-            request_headers(request.headers.items()),
+            tuple(request.headers.items()),
             headers,
             started,
             asyncio.get_running_loop().time(),
