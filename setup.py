@@ -31,20 +31,20 @@ SRC = Path(__file__).parent / "src"
 #: (``dialects/raw.py`` stays plain for that), and callers' calls into these
 #: modules are bound at build time, so nothing may patch them at runtime.
 COMPILED = [
-    "streamwarden/sse.py",
-    "streamwarden/meter.py",
-    "streamwarden/inflate.py",
-    "streamwarden/relay.py",
-    "streamwarden/dialects/__init__.py",
-    "streamwarden/dialects/base.py",
-    "streamwarden/dialects/anthropic.py",
-    "streamwarden/dialects/gemini.py",
-    "streamwarden/dialects/generic.py",
-    "streamwarden/dialects/ndjson.py",
-    "streamwarden/dialects/openai_chat.py",
-    "streamwarden/dialects/openai_responses.py",
-    "streamwarden/dialects/vercel_ai.py",
-    "streamwarden/upstream.py",
+    "streamwarden/core/sse.py",
+    "streamwarden/core/meter.py",
+    "streamwarden/core/inflate.py",
+    "streamwarden/core/relay.py",
+    "streamwarden/core/dialects/__init__.py",
+    "streamwarden/core/dialects/base.py",
+    "streamwarden/core/dialects/anthropic.py",
+    "streamwarden/core/dialects/gemini.py",
+    "streamwarden/core/dialects/generic.py",
+    "streamwarden/core/dialects/ndjson.py",
+    "streamwarden/core/dialects/openai_chat.py",
+    "streamwarden/core/dialects/openai_responses.py",
+    "streamwarden/core/dialects/vercel_ai.py",
+    "streamwarden/net/upstream.py",
     "streamwarden/sidecar/driver.py",
 ]
 
@@ -97,7 +97,7 @@ def _compiled_extensions() -> list[Extension]:
     ]
     try:
         # mypyc names each module by its path below the first directory
-        # without an __init__.py: src/streamwarden/relay.py is streamwarden.relay.
+        # without an __init__.py: src/streamwarden/core/relay.py is streamwarden.core.relay.
         extensions = mypycify(
             [*flags, *(f"src/{path}" for path in COMPILED)], opt_level="3", group_name=GROUP
         )

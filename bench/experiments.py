@@ -38,7 +38,7 @@ __all__ = ["PATCHES", "apply"]
 
 
 def _no_gap_metrics() -> None:
-    from streamwarden.metrics import StreamMetrics
+    from streamwarden.observation.metrics import StreamMetrics
 
     def observe_gap(self: StreamMetrics, seconds: float) -> None:
         return None
@@ -94,7 +94,7 @@ def apply(names: list[str]) -> None:
     # a patched function: an experiment runs the sources, so compare it with
     # ``sidecar+noop`` (the sources unpatched), not with the compiled sidecar.
     os.environ["STREAMWARDEN_PURE_PYTHON"] = "1"
-    import streamwarden.dialects  # noqa: F401 - every dialect module loaded before patching
+    import streamwarden.core.dialects  # noqa: F401 - every dialect module loaded before patching
 
     for name in names:
         PATCHES[name]()

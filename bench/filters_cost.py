@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamwarden.filters import FilterRule, compile_filters
-from streamwarden.relay import Limits, Relay
+from streamwarden.core.filters import FilterRule, compile_filters
+from streamwarden.core.relay import Limits, Relay
 
 _FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "make_long_openai.py"
 _BUILTINS = (

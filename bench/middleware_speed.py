@@ -15,7 +15,7 @@ to keep scheduler noise out of a CPU-bound measurement.
 - per event: a 2,000-event stream, one ``send`` per event, of OpenAI chat
   chunks (the dialect parses every event's JSON) and of generic events
   (framing and metering only); below each, the share of the core
-  :class:`~streamwarden.relay.Relay` fed the same events directly.
+  :class:`~streamwarden.core.relay.Relay` fed the same events directly.
 
 ``--e2e`` adds the median latency of sequential requests through uvicorn
 (h11) and an httpx client on loopback, one keep-alive connection each,
@@ -35,8 +35,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from streamwarden.core.relay import Limits, Relay
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.relay import Limits, Relay
 
 Message = dict[str, Any]
 App = Callable[[dict[str, Any], Callable[[], Awaitable[Message]], Any], Awaitable[None]]

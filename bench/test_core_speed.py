@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from streamwarden.relay import Limits, Relay
-from streamwarden.sse import SSEDecoder, SSEFramer
+from streamwarden.core.relay import Limits, Relay
+from streamwarden.core.sse import SSEDecoder, SSEFramer
 
 _spec = importlib.util.spec_from_file_location(
     "make_long_openai", Path(__file__).parent.parent / "tests" / "fixtures" / "make_long_openai.py"

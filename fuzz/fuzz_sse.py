@@ -26,7 +26,7 @@ import atheris
 os.environ["STREAMWARDEN_PURE_PYTHON"] = "1"
 
 with atheris.instrument_imports():
-    from streamwarden.sse import EventTooLarge, LineFramer, SSEDecoder, SSEFramer
+    from streamwarden.core.sse import EventTooLarge, LineFramer, SSEDecoder, SSEFramer
 
 LIMIT = 64
 BOM = b"\xef\xbb\xbf"

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from sidecars import StartSidecar, sidecars
-from streamwarden.mock import MockServer, start_mock
+from streamwarden.tools.mock import MockServer, start_mock
 
 if os.environ.get("TEST_EVENT_LOOP") == "uvloop":
     # ``streamwarden run`` picks uvloop when it is installed, so the

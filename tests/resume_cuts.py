@@ -29,8 +29,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from streamwarden.resume import STREAM_ID_HEADER
-from streamwarden.sse import SSEFramer
+from streamwarden.core.sse import SSEFramer
+from streamwarden.features.resume.model import STREAM_ID_HEADER
 
 __all__ = [
     "SHAPES",

@@ -4,10 +4,10 @@ It takes the whole stream at once and follows the specification's prose
 step by step, with no incremental state, no byte-level tricks and no
 concern for speed, so that it can be checked by reading it next to the
 specification. The conformance and property tests compare
-:mod:`streamwarden.sse` against it.
+:mod:`streamwarden.core.sse` against it.
 
-Written from the specification text, not from ``streamwarden.sse``; only
-the :class:`~streamwarden.sse.Event` type is shared, so that results compare
+Written from the specification text, not from ``streamwarden.core.sse``; only
+the :class:`~streamwarden.core.sse.Event` type is shared, so that results compare
 directly.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from streamwarden.sse import Event
+from streamwarden.core.sse import Event
 
 # "a U+000D CARRIAGE RETURN U+000A LINE FEED (CRLF) character pair, a single
 # U+000A LINE FEED (LF) character not preceded by a U+000D CARRIAGE RETURN

@@ -24,8 +24,8 @@ MAX_FACE_CLASS_LINES = 300
 #: name, with why each is one: nothing else may run over the limit.
 TABLES: dict[tuple[str, str], str] = {
     ("cli.py", "_probe_parser"): "argparse: the probe's flags, as --help lists them",
-    ("mock/cli.py", "_parser"): "argparse: the mock upstream's flags, as --help lists them",
-    ("metrics.py", "StreamMetrics.__init__"): "the metric families, one definition each",
+    ("tools/mock/cli.py", "_parser"): "argparse: the mock upstream's flags, as --help lists them",
+    ("observation/metrics.py", "StreamMetrics.__init__"): "the metric families, one definition each",
 }
 
 #: The faces' central classes, by module and name.

@@ -28,9 +28,9 @@ import pytest
 import yaml
 
 from streamwarden.config import Settings, load_settings, parse_duration, parse_size
-from streamwarden.mock import MockServer
-from streamwarden.relay import KEEPALIVE
+from streamwarden.core.relay import KEEPALIVE
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

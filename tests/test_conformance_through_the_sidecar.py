@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
+from streamwarden.core.sse import SSEDecoder, SSEFramer
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import SSEDecoder, SSEFramer
 from test_sse_conformance import ALL_CASES, CASE_IDS, Case
 from test_upstream_client import raw_upstream, read_request
 

@@ -38,7 +38,7 @@ import aiohttp
 import pytest
 
 from streamwarden.config import Settings
-from streamwarden.mock import MockServer
+from streamwarden.tools.mock import MockServer
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent

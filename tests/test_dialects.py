@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from streamwarden.dialects import detect, sniff, stream_framing
-from streamwarden.dialects.gemini import Gemini
-from streamwarden.filters import FilterRule, FilterSet, compile_filters
-from streamwarden.relay import ErrorCode, Limits, Relay
-from streamwarden.sse import Event, LineFramer, SSEDecoder, SSEFramer
+from streamwarden.core.dialects import detect, sniff, stream_framing
+from streamwarden.core.dialects.gemini import Gemini
+from streamwarden.core.filters import FilterRule, FilterSet, compile_filters
+from streamwarden.core.relay import ErrorCode, Limits, Relay
+from streamwarden.core.sse import Event, LineFramer, SSEDecoder, SSEFramer
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((STREAMS / "manifest.json").read_text())

@@ -26,10 +26,10 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
-from streamwarden.engine import read_engine
+from streamwarden.features.engine.counters import read_engine
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.mock import MockServer, MockSettings, start_mock
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer, MockSettings, start_mock
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from streamwarden.mock import MockServer
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import SSEDecoder
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for, wait_until_settled
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

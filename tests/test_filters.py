@@ -21,12 +21,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamwarden.config import ConfigError, load_settings
-from streamwarden.dialects import sniff
-from streamwarden.filters import REDACTED, FilterRule, compile_filters, luhn_valid
-from streamwarden.meter import EndState
-from streamwarden.relay import KEEPALIVE, Limits, Relay
-from streamwarden.sse import LineFramer, SSEDecoder, SSEFramer
-from streamwarden.usage import TakeBack, UsageRole
+from streamwarden.core.dialects import sniff
+from streamwarden.core.filters import REDACTED, FilterRule, compile_filters, luhn_valid
+from streamwarden.core.meter import EndState
+from streamwarden.core.relay import KEEPALIVE, Limits, Relay
+from streamwarden.core.sse import LineFramer, SSEDecoder, SSEFramer
+from streamwarden.core.usage import TakeBack, UsageRole
 
 SECRET = "sk-proj-Q7eXg9TzK2mLw4RbN8vYc1HdJ"  # the shape of an OpenAI key, not a key
 CARD = "4111 1111 1111 1111"  # the classic Luhn-valid test number
@@ -506,7 +506,7 @@ class _Sink:
 
 @pytest.mark.parametrize("detached", [False, True])
 def test_the_journal_keeps_what_the_client_gets_redacted_and_in_order(detached: bool) -> None:
-    from streamwarden.resume import Journal
+    from streamwarden.features.resume.model import Journal
 
     sink = _Sink()
     r = relay("openai-chat", REDACT)

@@ -17,11 +17,11 @@ import openai
 import pytest
 from aiohttp import web
 
-from streamwarden.filters import REDACTED, FilterRule, compile_filters
-from streamwarden.meter import EndState
-from streamwarden.relay import Relay
+from streamwarden.core.filters import REDACTED, FilterRule, compile_filters
+from streamwarden.core.meter import EndState
+from streamwarden.core.relay import Relay
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import SSEDecoder
 from test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
 
 CARD = "4111111111111111"  # Luhn-valid, as a JSON number would write it

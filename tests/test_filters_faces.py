@@ -26,7 +26,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
-from streamwarden.meter import EndState
+from streamwarden.core.meter import EndState
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.sidecar import Sidecar
 from test_filters import SECRET, TEXT, _events_of, openai_chat, redacted_pieces, split_secret

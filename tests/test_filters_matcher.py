@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from streamwarden.filters import REDACTED, FilterError, FilterRule, Holdback, compile_filters
-from streamwarden.meter import EndState
-from streamwarden.relay import Limits, Relay
+from streamwarden.core.filters import REDACTED, FilterError, FilterRule, Holdback, compile_filters
+from streamwarden.core.meter import EndState
+from streamwarden.core.relay import Limits, Relay
 
 LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
 CARDS = (FilterRule("builtin", "cards", "redact", "cards"),)
@@ -323,7 +323,7 @@ def test_unicode_properties_are_still_taken() -> None:
 
 
 def test_cuts_in_an_event_of_many_parts_are_made_in_one_pass() -> None:
-    from streamwarden.filters import apply_cuts
+    from streamwarden.core.filters import apply_cuts
 
     parts = [f"p{i}-secret " for i in range(200)]
     offsets = []

@@ -29,16 +29,16 @@ from starlette.routing import Route
 
 from middleware_apps import serve_in_process
 from streamwarden.config import load_settings
-from streamwarden.logs import STREAM_LOGGER
-from streamwarden.metrics import StreamMetrics
+from streamwarden.core.plan import StreamPlan
+from streamwarden.core.sse import Event, SSEDecoder
+from streamwarden.features.resume.model import STREAM_ID_HEADER, Journal
+from streamwarden.features.resume.service import ResumeService
 from streamwarden.middleware import StreamWardenMiddleware
+from streamwarden.observation.logs import STREAM_LOGGER
+from streamwarden.observation.metrics import StreamMetrics
+from streamwarden.observation.register import StreamRegister
 from streamwarden.pipeline import FaceServices, Pipeline, StreamStart
-from streamwarden.plan import StreamPlan
-from streamwarden.register import StreamRegister
-from streamwarden.resume import STREAM_ID_HEADER, Journal
-from streamwarden.resume_service import ResumeService
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import Event, SSEDecoder
 from test_resume import KEY, read_events
 from waiting import wait_for
 

@@ -34,8 +34,8 @@ import pytest
 import yaml
 
 from streamwarden.config import RouteSettings, Settings, load_settings, parse_duration
-from streamwarden.meter import EndState
-from streamwarden.metrics import StreamMetrics
+from streamwarden.core.meter import EndState
+from streamwarden.observation.metrics import StreamMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "streamwarden"
@@ -796,7 +796,9 @@ def test_rules_and_dashboard_use_only_exported_metrics() -> None:
     exported = _exported_series_names()
     texts = [RULES_FILE.read_text(), *_dashboard_queries()]
     used = {name for text in texts for name in re.findall(r"\bstreamwarden_[a-z_]+\b", text)}
-    assert used <= exported, f"not exported by streamwarden.metrics: {sorted(used - exported)}"
+    assert used <= exported, (
+        f"not exported by streamwarden.observation.metrics: {sorted(used - exported)}"
+    )
 
 
 def test_dashboard_covers_what_the_alerts_watch() -> None:

@@ -24,8 +24,8 @@ import pytest
 from aiohttp import web
 
 from streamwarden.cli import _inject_options, _parser
-from streamwarden.inject import InjectOptions, inject_object
-from streamwarden.webhook import CertificateFiles, webhook_app
+from streamwarden.tools.inject import InjectOptions, inject_object
+from streamwarden.tools.webhook import CertificateFiles, webhook_app
 from test_helm_chart import NAMESPACE, RELEASE, objects_of
 from test_webhook import admission_review, apply_patch, patch_of, replicaset_pod
 

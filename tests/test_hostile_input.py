@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import aiohttp
 import pytest
 
-from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for, wait_until_settled
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

@@ -32,7 +32,7 @@ import yaml
 
 from streamwarden.cli import _parser, _settings_from
 from streamwarden.config import parse_duration
-from streamwarden.inject import (
+from streamwarden.tools.inject import (
     SIDECAR_NAME,
     SKIPPED,
     InjectOptions,
@@ -40,7 +40,7 @@ from streamwarden.inject import (
     inject_documents,
     inject_object,
 )
-from streamwarden.mock import MockServer
+from streamwarden.tools.mock import MockServer
 from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -591,7 +591,7 @@ def test_bad_input_exits_2_with_one_line(args: tuple[str, ...], stdin: str, mess
 
 
 def test_the_readme_lists_every_annotation_with_its_default() -> None:
-    import streamwarden.inject as inject
+    import streamwarden.tools.inject as inject
 
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Kubernetes: adoption by annotation") : text.index("## Config")]

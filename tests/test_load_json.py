@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamwarden.dialects import base
+from streamwarden.core.dialects import base
 
 orjson = pytest.importorskip("orjson")
 
@@ -90,8 +90,8 @@ def test_integers_past_64_bits_differ_but_no_dialect_counts_them(data: str) -> N
 def test_a_huge_usage_count_is_no_count_with_either_parser(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from streamwarden.dialects import openai_chat
-    from streamwarden.sse import Event
+    from streamwarden.core.dialects import openai_chat
+    from streamwarden.core.sse import Event
 
     event = Event("message", '{"choices":[],"usage":{"completion_tokens":20000000000000000000}}')
     assert openai_chat.OpenAIChat().inspect(event).output_tokens is None

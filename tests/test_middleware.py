@@ -36,10 +36,10 @@ from starlette.routing import Route
 from middleware_apps import FINALLY_DIR_ENV, raw_app
 from middleware_apps import serve_in_process as serve
 from streamwarden.config import ConfigError
+from streamwarden.core.relay import KEEPALIVE
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware, mount_metrics
-from streamwarden.mock import MockServer
-from streamwarden.relay import KEEPALIVE
-from streamwarden.sse import SSEDecoder
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
 FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "30"}

@@ -1,6 +1,6 @@
 """A compressed event stream from the app: inflated and relayed, as the sidecar does.
 
-Both faces take one decision (``streamwarden.plan``): a gzip or deflate
+Both faces take one decision (``streamwarden.core.plan``): a gzip or deflate
 stream is inflated a bounded step at a time and leaves uncompressed, with
 ``Content-Encoding`` dropped, so its events are framed, kept alive and
 ended honestly like any other. Before, the middleware passed it through
@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from middleware_apps import serve_in_process
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.sse import SSEDecoder
 
 
 def compressed_stream_app(encoding: str, body: bytes, *, cut: bool = False) -> Any:

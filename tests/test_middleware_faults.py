@@ -48,11 +48,11 @@ from fastapi import FastAPI, Request
 from starlette.responses import StreamingResponse
 
 from middleware_apps import free_port, serve_in_process, spec_24
-from streamwarden.meter import StreamRecord
+from streamwarden.core.meter import StreamRecord
+from streamwarden.core.relay import KEEPALIVE
+from streamwarden.core.sse import Event, SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.mock import MockServer, mock_text, start_mock
-from streamwarden.relay import KEEPALIVE
-from streamwarden.sse import Event, SSEDecoder
+from streamwarden.tools.mock import MockServer, mock_text, start_mock
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

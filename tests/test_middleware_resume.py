@@ -21,9 +21,9 @@ from fastapi import FastAPI
 from starlette.responses import StreamingResponse
 
 from middleware_apps import serve_in_process
+from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.mock.tokens import mock_tokens
-from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.tools.mock.tokens import mock_tokens
 from test_resume import KEY, read_events, text_of
 from waiting import wait_for
 

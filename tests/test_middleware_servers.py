@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from middleware_apps import KEEPALIVE, SERVERS, ServerProcess, running
-from streamwarden.relay import KEEPALIVE as KEEPALIVE_FRAME
+from streamwarden.core.relay import KEEPALIVE as KEEPALIVE_FRAME
 from waiting import wait_for
 
 # The bar: the generator's finally runs within 50 ms of the client leaving.

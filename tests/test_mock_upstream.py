@@ -1,4 +1,4 @@
-"""Specification of the simulated LLM upstream (``streamwarden.mock``).
+"""Specification of the simulated LLM upstream (``streamwarden.tools.mock``).
 
 Every test starts the real mock on a free loopback port and talks to it with
 real clients: aiohttp, and the official ``openai`` and ``anthropic`` SDKs.
@@ -28,7 +28,8 @@ import openai
 import pytest
 from multidict import CIMultiDict
 
-from streamwarden.mock import (
+from streamwarden.core.sse import SSEDecoder
+from streamwarden.tools.mock import (
     Fault,
     MockServer,
     MockSettings,
@@ -37,7 +38,6 @@ from streamwarden.mock import (
     start_mock,
     tool_call_arguments,
 )
-from streamwarden.sse import SSEDecoder
 
 # Unpaced by default so the file stays fast; pacing has its own tests.
 FAST = MockSettings(tokens_per_second=0, ttft=0, tokens=12)
@@ -887,8 +887,8 @@ def test_cli_rejects_a_bad_flag_with_exit_2_and_one_line(
 
 def test_cli_serves_until_sigterm() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "streamwarden.mock", "--listen", "127.0.0.1:0", "--tokens", "3",
-         "--tokens-per-second", "0", "--dialect", "ollama-chat"],
+        [sys.executable, "-m", "streamwarden.tools.mock", "--listen", "127.0.0.1:0",
+         "--tokens", "3", "--tokens-per-second", "0", "--dialect", "ollama-chat"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -914,7 +914,7 @@ def test_mock_help_documents_every_fault_and_the_per_request_controls() -> None:
     import subprocess
     import sys
 
-    from streamwarden.mock.faults import Fault
+    from streamwarden.tools.mock.faults import Fault
 
     helped = subprocess.run(
         [sys.executable, "-m", "streamwarden.cli", "mock-upstream", "--help"],

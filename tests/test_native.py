@@ -89,11 +89,11 @@ def test_a_source_edited_after_the_build_runs_as_source_with_a_warning(built_tre
     assert "compiled" in summary and all(_is_extension(path) for path in files.values()), out
 
     # One module edited: all of them run from source (all or none), and it is said.
-    meter = built_tree / "streamwarden" / "meter.py"
+    meter = built_tree / "streamwarden" / "core" / "meter.py"
     meter.write_text(meter.read_text() + "\n# edited after the build\n")
     out, err = _files_in(built_tree, {})
     summary, files = json.loads(out)
-    assert "streamwarden.meter changed after the build" in summary
+    assert "streamwarden.core.meter changed after the build" in summary
     assert all(path.endswith(".py") for path in files.values()), files
     assert "RuntimeWarning" in err and "changed after the build" in err
 

@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for, wait_until
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

@@ -14,12 +14,12 @@ from starlette.routing import Route
 
 from middleware_apps import serve_in_process
 from streamwarden import pipeline
-from streamwarden.meter import StreamRecord
+from streamwarden.core.meter import StreamRecord
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.mock import MockServer
 from streamwarden.pipeline import STAGES, PipelineStream, Stage, StreamStart
 from streamwarden.pipeline.parity import parity_table
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
@@ -108,9 +108,9 @@ def test_the_readme_parity_table_is_generated_from_the_plan() -> None:
 
 def _flow() -> PipelineStream:
     from streamwarden.config import load_settings
+    from streamwarden.core.plan import StreamPlan
+    from streamwarden.observation.register import StreamRegister
     from streamwarden.pipeline import FaceServices, Pipeline
-    from streamwarden.plan import StreamPlan
-    from streamwarden.register import StreamRegister
 
     settings = load_settings(environ={}, overrides={})
     register: StreamRegister[str] = StreamRegister()

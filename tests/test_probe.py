@@ -26,8 +26,9 @@ import aiohttp
 import pytest
 
 from conftest import StartSidecar
-from streamwarden.mock import MockServer, MockSettings, start_mock
-from streamwarden.probe import (
+from streamwarden.core.sse import SSEDecoder
+from streamwarden.tools.mock import MockServer, MockSettings, start_mock
+from streamwarden.tools.probe.measure import (
     Capture,
     Ending,
     Finding,
@@ -38,7 +39,6 @@ from streamwarden.probe import (
     render_text,
     send_stamp,
 )
-from streamwarden.sse import SSEDecoder
 from test_configs import free_port, needs_nginx, running_nginx
 
 REPO = Path(__file__).resolve().parent.parent

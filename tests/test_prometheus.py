@@ -26,8 +26,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 
@@ -306,6 +306,6 @@ async def test_prometheus_scrapes_the_end_states_of_a_known_mix_of_streams(
 
 
 def test_no_created_series_double_the_exposition() -> None:
-    from streamwarden.metrics import StreamMetrics
+    from streamwarden.observation.metrics import StreamMetrics
 
     assert "_created" not in StreamMetrics().render().decode()

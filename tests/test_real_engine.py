@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from streamwarden.engine import read_engine
+from streamwarden.features.engine.counters import read_engine
 from streamwarden.sidecar import Sidecar
 from test_engine_reconcile import metric
 from waiting import wait_for, wait_until

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from streamwarden.logs import RateLimitedWarnings
-from streamwarden.mock import MockServer
+from streamwarden.observation.logs import RateLimitedWarnings
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 
@@ -53,7 +53,7 @@ def test_a_suppressed_warning_is_counted_in_the_next_line(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr("streamwarden.logs.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("streamwarden.observation.logs.time.monotonic", lambda: clock[0])
     limiter = RateLimitedWarnings(interval=10.0)
     caplog.set_level(logging.WARNING, logger="streamwarden.proxy")
     for _ in range(5):

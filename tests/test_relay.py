@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from streamwarden.relay import KEEPALIVE, Limits, Relay
-from streamwarden.sse import SSEDecoder
+from streamwarden.core.relay import KEEPALIVE, Limits, Relay
+from streamwarden.core.sse import SSEDecoder
 
 LIMITS = Limits(
     keepalive_interval=1.0,

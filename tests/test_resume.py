@@ -27,11 +27,11 @@ from resume_cuts import (
     read_direct,
     scripted_chat,
 )
-from streamwarden.mock import MockServer
-from streamwarden.mock.tokens import mock_text
-from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.core.sse import Event, SSEDecoder
+from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import Event, SSEDecoder
+from streamwarden.tools.mock import MockServer
+from streamwarden.tools.mock.tokens import mock_text
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from streamwarden.mock.tokens import mock_tokens
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock.tokens import mock_tokens
 from waiting import wait_for, wait_until
 
 playwright_api = pytest.importorskip("playwright.async_api")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamwarden.resume import (
+from streamwarden.core.sse import SSEDecoder
+from streamwarden.features.resume.model import (
     MemoryStore,
     Position,
     new_stream_id,
@@ -13,7 +14,6 @@ from streamwarden.resume import (
     resume_position,
     stamp,
 )
-from streamwarden.sse import SSEDecoder
 
 EOL = st.sampled_from([b"\n", b"\r\n", b"\r"])
 FIELD_LINE = st.one_of(
@@ -124,7 +124,7 @@ def test_the_memory_store_bounds_all_streams_and_expires_ended_ones() -> None:
 
 
 def test_removing_an_id_line_never_joins_a_cr_with_the_blocks_end() -> None:
-    from streamwarden.resume import strip_ids
+    from streamwarden.features.resume.model import strip_ids
 
     # "\r" ends the comment; removing "id\n" must not turn "\r" + "\n" into one CRLF.
     decoder = SSEDecoder()

@@ -27,10 +27,10 @@ from resume_cuts import (
     read_direct,
     scripted_chat,
 )
-from streamwarden.mock import MockServer
-from streamwarden.mock.tokens import mock_text
-from streamwarden.resume import STREAM_ID_HEADER
+from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
+from streamwarden.tools.mock.tokens import mock_text
 from test_resume import KEY, TOKENS, cut_after, mock_headers, read_events, resume, text_of
 from waiting import wait_for, wait_until
 
@@ -223,7 +223,7 @@ async def test_with_a_resume_secret_the_stored_owner_is_useless_without_it(
 ) -> None:
     import redis.asyncio as redis_asyncio
 
-    from streamwarden.resume import owner_digest
+    from streamwarden.features.resume.model import owner_digest
 
     await redis_server.ready()
     secret = {"resume_secret": "s" * 40}

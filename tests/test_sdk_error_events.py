@@ -40,10 +40,10 @@ from aiohttp import web
 from google import genai
 from google.genai import types as genai_types
 
-from streamwarden.mock import MockServer, mock_text
-from streamwarden.relay import Limits, Relay
+from streamwarden.core.relay import Limits, Relay
+from streamwarden.core.sse import SSEFramer
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import SSEFramer
+from streamwarden.tools.mock import MockServer, mock_text
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_until_settled
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

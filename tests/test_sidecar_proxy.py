@@ -20,8 +20,8 @@ import pytest
 import trustme
 from aiohttp import web
 
-from streamwarden.mock import MockServer, create_app
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer, create_app
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 

@@ -22,10 +22,10 @@ import pytest
 from aiohttp import web
 from httpx_sse import aconnect_sse
 
-from streamwarden.mock import MockServer
-from streamwarden.relay import KEEPALIVE
+from streamwarden.core.relay import KEEPALIVE
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import SSEDecoder
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

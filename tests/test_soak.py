@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamwarden.mock import MockServer
+from streamwarden.tools.mock import MockServer
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "15"))
 CONCURRENCY = 30

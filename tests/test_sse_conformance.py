@@ -1,4 +1,4 @@
-"""Conformance of ``streamwarden.sse`` to the WHATWG server-sent events parsing rules.
+"""Conformance of ``streamwarden.core.sse`` to the WHATWG server-sent events parsing rules.
 
 The table below holds the examples of the WHATWG HTML specification's
 "Server-sent events" section and the parsing tests of web-platform-tests'
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import pytest
 
 from sse_reference import block_boundary, reference_decode
-from streamwarden.relay import Limits, Relay
-from streamwarden.sse import Event, Frame, SSEDecoder, SSEFramer
+from streamwarden.core.relay import Limits, Relay
+from streamwarden.core.sse import Event, Frame, SSEDecoder, SSEFramer
 
 SPEC = "https://html.spec.whatwg.org/multipage/server-sent-events.html"
 WPT = "https://github.com/web-platform-tests/wpt/blob/master/eventsource/"

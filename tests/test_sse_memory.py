@@ -35,7 +35,7 @@ from contextlib import contextmanager
 import pytest
 
 from sse_reference import reference_decode
-from streamwarden.sse import Event, EventTooLarge, Frame, LineFramer, SSEDecoder, SSEFramer
+from streamwarden.core.sse import Event, EventTooLarge, Frame, LineFramer, SSEDecoder, SSEFramer
 
 LIMIT = 256 * 1024
 READ = 16 * 1024

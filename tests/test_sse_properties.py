@@ -1,4 +1,4 @@
-"""Property tests for ``streamwarden.sse``: any bytes, any chunking.
+"""Property tests for ``streamwarden.core.sse``: any bytes, any chunking.
 
 The streams are built from an alphabet biased toward event-stream syntax
 (field names, colons, spaces, every kind of line ending, byte order marks,
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sse_reference import block_boundary, reference_decode, reference_lines
-from streamwarden.sse import Event, EventTooLarge, Frame, LineFramer, SSEDecoder, SSEFramer
+from streamwarden.core.sse import Event, EventTooLarge, Frame, LineFramer, SSEDecoder, SSEFramer
 
 BOM = b"\xef\xbb\xbf"
 

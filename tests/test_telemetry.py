@@ -23,8 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
-from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
@@ -242,7 +242,7 @@ async def test_the_middleware_exports_the_same_spans_and_makes_the_upstream_call
 
 async def test_a_traceparent_header_is_found_whatever_its_case(receiver: Receiver) -> None:
     from streamwarden.config import load_settings
-    from streamwarden.telemetry import Telemetry
+    from streamwarden.observation.telemetry import Telemetry
 
     telemetry = Telemetry(load_settings(environ={}, overrides={"otel_exporter": "otlp-http"}))
     trace = telemetry.request("POST", "/", {"Traceparent": f"00-{TRACE_ID}-{PARENT}-01"})

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for, wait_until
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]

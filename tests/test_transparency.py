@@ -36,8 +36,8 @@ from aiohttp import web
 from middleware_apps import serve_in_process
 from sidecars import sidecars
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.mock import MockServer, start_mock
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer, start_mock
 from transparency_cases import (
     BOM,
     CASE_HEADER,

@@ -29,8 +29,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.sidecar import Sidecar
-from streamwarden.sse import SSEDecoder
 from waiting import wait_for, wait_until_settled
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
@@ -669,8 +669,10 @@ async def test_a_decompression_bomb_keeps_memory_bounded_and_healthz_answering(
         finally:
             process.terminate()
             process.wait(timeout=10)
+    # An endless bomb ends at max_event_bytes, which a fast build reaches in
+    # a few milliseconds: there may be one answer only, the one in flight.
     healthz = sorted(float(line) for line in out.split())
-    assert len(healthz) >= 2
+    assert healthz
     grown = peak - baseline
     assert grown < limit + 16 * 1024 * 1024, (baseline, peak)
     # See the flood test below for why the bound is on the 95th percentile.
@@ -684,10 +686,12 @@ url = sys.argv[1]
 done = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
 print("ready", flush=True)
-while not done.is_set():
+while True:  # at least once, however soon stdin closes
     began = time.monotonic()
     urllib.request.urlopen(url, timeout=5).read()
     print(time.monotonic() - began, flush=True)
+    if done.is_set():
+        break
     time.sleep(0.01)
 """
 

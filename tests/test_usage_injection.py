@@ -22,8 +22,8 @@ import openai
 import pytest
 from aiohttp import web
 
-from streamwarden.mock import MockServer
 from streamwarden.sidecar import Sidecar
+from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
@@ -284,8 +284,8 @@ async def test_another_400_reaches_the_client_as_it_came(
 
 
 def test_a_usage_only_chunk_without_a_completion_count_is_hidden_too() -> None:
-    from streamwarden.relay import Limits, Relay
-    from streamwarden.usage import TakeBack
+    from streamwarden.core.relay import Limits, Relay
+    from streamwarden.core.usage import TakeBack
 
     relay = Relay(
         Limits(15.0, 60.0, 1800.0, 1 << 20),
@@ -347,14 +347,14 @@ KEY = (CHAT, "m", False)
 
 
 def _frame(raw: bytes) -> Any:
-    from streamwarden.sse import Event, Frame
+    from streamwarden.core.sse import Event, Frame
 
     return Frame(raw, Event("message", raw.decode().removeprefix("data: ").strip(), None))
 
 
 def test_a_habit_is_learned_from_a_whole_stream_and_again_after_its_memory() -> None:
-    from streamwarden.dialects.base import NOTHING, TERMINAL
-    from streamwarden.usage import HabitWatch, TakeBack, UsageHabit, UsageHabits
+    from streamwarden.core.dialects.base import NOTHING, TERMINAL
+    from streamwarden.core.usage import HabitWatch, TakeBack, UsageHabit, UsageHabits
 
     habits = UsageHabits(memory=60.0, paths=2)
     watch = habits.role(KEY, 0.0)
@@ -373,7 +373,7 @@ def test_a_habit_is_learned_from_a_whole_stream_and_again_after_its_memory() -> 
 
 
 def test_a_habit_only_learns_towards_leaving_bytes_alone() -> None:
-    from streamwarden.usage import HabitWatch, UsageHabit, UsageHabits
+    from streamwarden.core.usage import HabitWatch, UsageHabit, UsageHabits
 
     habits = UsageHabits(memory=60.0)
     habits.learn(KEY, UsageHabit(volunteers=True, marks_null=False), 0.0)
@@ -387,8 +387,8 @@ def test_a_habit_only_learns_towards_leaving_bytes_alone() -> None:
 
 
 def test_a_stream_with_an_error_teaches_no_habit() -> None:
-    from streamwarden.dialects.base import UPSTREAM_ERROR
-    from streamwarden.usage import HabitWatch, UsageHabits
+    from streamwarden.core.dialects.base import UPSTREAM_ERROR
+    from streamwarden.core.usage import HabitWatch, UsageHabits
 
     habits = UsageHabits()
     watch = habits.role(KEY, 0.0)
@@ -412,7 +412,7 @@ def test_a_stream_with_an_error_teaches_no_habit() -> None:
     ids=["plain", "include-false", "continuous", "long-model", "odd-model"],
 )
 def test_which_bodies_are_asked_for_usage(body: bytes, injected: bool) -> None:
-    from streamwarden.usage import usage_request
+    from streamwarden.core.usage import usage_request
 
     asked = usage_request(body)
     assert (asked is not None) == injected

@@ -36,8 +36,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamwarden import webhook as webhook_module
-from streamwarden.inject import SKIPPED, InjectOptions, inject_object
-from streamwarden.webhook import CertificateFiles, webhook_app
+from streamwarden.tools.inject import SKIPPED, InjectOptions, inject_object
+from streamwarden.tools.webhook import CertificateFiles, webhook_app
 from waiting import wait_until
 
 Review = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]

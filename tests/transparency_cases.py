@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from streamwarden.sse import SSEDecoder
+from streamwarden.core.sse import SSEDecoder
 
 __all__ = [
     "BOM",
@@ -481,7 +481,7 @@ def as_forwarded(direct: bytes, framing: Framing) -> bytes:
     """``direct`` as both faces are documented to forward it: a leading BOM stripped.
 
     The framer strips a single leading UTF-8 BOM from the raw bytes (see
-    :mod:`streamwarden.sse`: a keep-alive written before the first event
+    :mod:`streamwarden.core.sse`: a keep-alive written before the first event
     would otherwise move it off the start of the stream); a doubled one is kept.
     """
     if framing == "sse" and direct.startswith(BOM) and not direct.startswith(BOM * 2):

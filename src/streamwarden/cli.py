@@ -30,10 +30,10 @@ from streamwarden.config import (
     parse_size,
     written_default,
 )
-from streamwarden.dialects import DIALECT_NAMES
+from streamwarden.core.dialects import DIALECT_NAMES
 
 if TYPE_CHECKING:
-    from streamwarden.inject import InjectOptions
+    from streamwarden.tools.inject import InjectOptions
 
 __all__ = ["main"]
 
@@ -181,7 +181,7 @@ def _kubernetes_parsers(commands: Any) -> None:
 
 def _inject_flags(parser: argparse.ArgumentParser) -> None:
     """The rewrite's flags, the same for ``inject`` and ``webhook``."""
-    from streamwarden.inject import DEFAULT_IMAGE
+    from streamwarden.tools.inject import DEFAULT_IMAGE
 
     group = parser.add_argument_group("injection")
     group.add_argument(
@@ -360,7 +360,7 @@ def _run(args: argparse.Namespace) -> int:
         if getattr(settings, key) is None:
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{key}: required (set {flag}, {env_variable(key)} or the file)")
-    from streamwarden.logs import configure_logging
+    from streamwarden.observation.logs import configure_logging
     from streamwarden.sidecar import run_sidecar
 
     configure_logging(settings)
@@ -398,7 +398,7 @@ def _check_config(path: str) -> int:
 
 
 def _inject_options(args: argparse.Namespace) -> InjectOptions:
-    from streamwarden.inject import InjectOptions, parse_base_url_env
+    from streamwarden.tools.inject import InjectOptions, parse_base_url_env
 
     try:
         base_url_env = parse_base_url_env(args.base_url_env)
@@ -415,7 +415,7 @@ def _inject(args: argparse.Namespace) -> int:
     """Manifests in (a file or stdin), manifests out (stdout), one line per pod on stderr."""
     import yaml
 
-    from streamwarden.inject import ManifestError, inject_documents
+    from streamwarden.tools.inject import ManifestError, inject_documents
 
     options = _inject_options(args)
     name = "stdin" if args.file == "-" else args.file
@@ -444,8 +444,8 @@ def _inject(args: argparse.Namespace) -> int:
 
 def _webhook(args: argparse.Namespace) -> int:
     from streamwarden.config import parse_size
-    from streamwarden.logs import configure_logging
-    from streamwarden.webhook import CertificateFiles, run_webhook
+    from streamwarden.observation.logs import configure_logging
+    from streamwarden.tools.webhook import CertificateFiles, run_webhook
 
     options = _inject_options(args)
     try:
@@ -487,8 +487,8 @@ def _probe(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from streamwarden.probe import analyse, render_text, report_json
-    from streamwarden.probe_client import ProbeError, UsageError, capture, prepare
+    from streamwarden.tools.probe.client import ProbeError, UsageError, capture, prepare
+    from streamwarden.tools.probe.measure import analyse, render_text, report_json
 
     stall = _option(parse_duration, "--stall", args.stall, None)
     if stall is not None and stall <= 0:
@@ -531,7 +531,7 @@ def _probe(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(report, line, request.shown_headers()))
     if args.plot is not None:
-        from streamwarden.probe_plot import plot
+        from streamwarden.tools.probe.plot import plot
 
         plot(report, args.plot, line)
     return 1 if report.fails else 0
@@ -541,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["mock-upstream"]:
         # The mock has its own flags (argparse would not pass "--x" through).
-        from streamwarden.mock import run_mock_cli
+        from streamwarden.tools.mock import run_mock_cli
 
         return run_mock_cli(arguments[1:])
     if not arguments:
@@ -555,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             return _check_config(args.file)
         if args.command == "top":
-            from streamwarden.top import run_top
+            from streamwarden.observation.top import run_top
 
             return run_top(args.admin, args.interval, args.once)
         if args.command == "inject":
@@ -565,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "probe":
             return _probe(args)
         if args.command == "demo":
-            from streamwarden.demo import run_demo
+            from streamwarden.tools.demo import run_demo
 
             return run_demo(port=args.port, duration=args.duration)
     except ConfigError as exc:

@@ -36,10 +36,16 @@ from pydantic import (
 )
 
 from streamwarden._native import PURE_PYTHON
-from streamwarden.dialects import DIALECT_NAMES
-from streamwarden.filters import BUILTIN_SETS, FilterError, FilterRule, FilterSet, compile_filters
-from streamwarden.headers import redact_url
-from streamwarden.relay import Limits
+from streamwarden.core.dialects import DIALECT_NAMES
+from streamwarden.core.filters import (
+    BUILTIN_SETS,
+    FilterError,
+    FilterRule,
+    FilterSet,
+    compile_filters,
+)
+from streamwarden.core.headers import redact_url
+from streamwarden.core.relay import Limits
 
 __all__ = [
     "CONFIG_FILE_VARIABLE",

@@ -30,7 +30,7 @@ Where it diverges from the sidecar, and why:
   event), so within ``keepalive_interval + client_write_timeout``.
 - A gzip or deflate stream is inflated (a bounded step at a time) and
   relayed uncompressed, ``Content-Encoding`` dropped, as the sidecar does
-  (:mod:`streamwarden.plan`); other codings (br, zstd) cannot be framed
+  (:mod:`streamwarden.core.plan`); other codings (br, zstd) cannot be framed
   here and are passed on as they are. Never compress an event stream.
 - Drain on shutdown is the server's: a request the server cancels gets the
   ``shutting_down`` error event if its client can still hear it.
@@ -43,7 +43,7 @@ Where it diverges from the sidecar, and why:
 - Logging is the app's: the middleware sets up a stderr handler (in
   ``log_format``, at ``log_level``) for the ``streamwarden`` loggers only if
   nothing in the process has set up Python logging, and it goes quiet once
-  something does (:func:`streamwarden.logs.log_unless_configured`).
+  something does (:func:`streamwarden.observation.logs.log_unless_configured`).
 - The sidecar's own settings (listeners, upstream connection, parser
   limits, drain, event loop, ``early_headers_after``) do nothing here; each
   one given as an option logs a warning

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeAlias
 
-from streamwarden.refusals import RefusalKind
+from streamwarden.core.refusals import RefusalKind
 
 __all__ = ["ASGIApp", "Message", "Receive", "Scope", "Send", "send_refusal"]
 

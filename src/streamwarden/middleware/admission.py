@@ -1,7 +1,7 @@
 """Whether a request asks for a stream, and whether it gets one of ``max_concurrent_streams``.
 
 A request asks for a stream by the rule the sidecar uses
-(:func:`~streamwarden.dialects.asks_for_stream`): ``Accept:
+(:func:`~streamwarden.core.dialects.asks_for_stream`): ``Accept:
 text/event-stream``, ``alt=sse``, or ``"stream": true`` in its body. The
 headers and query are read at once; the body is looked at as it goes by,
 message by message, on its way to the app (through the
@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from streamwarden.dialects import asks_for_stream
+from streamwarden.core.dialects import asks_for_stream
+from streamwarden.core.refusals import RefusalKind
 from streamwarden.middleware._asgi import Message, Scope, Send, send_refusal
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.streams import Streams
-from streamwarden.refusals import RefusalKind
-from streamwarden.register import NO_SLOT, Slot
+from streamwarden.observation.register import NO_SLOT, Slot
 
 __all__ = ["Admission"]
 

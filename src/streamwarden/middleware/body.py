@@ -3,7 +3,7 @@
 The app's body chunks are fed to the relay and only what it returns is
 written (through the stream's :class:`~streamwarden.middleware.writer.ClientWriter`),
 so a partial event is held back until its last byte arrives. A compressed
-stream is inflated and relayed, as in the sidecar (:mod:`streamwarden.plan`
+stream is inflated and relayed, as in the sidecar (:mod:`streamwarden.core.plan`
 says why), a bounded step at a time: each full step is written before the
 next is inflated, so a bomb costs one step of memory and waits for a slow
 client like any stream.
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 
-from streamwarden.inflate import InflateError, Inflater
+from streamwarden.core.inflate import InflateError, Inflater
+from streamwarden.core.relay import Relay
 from streamwarden.middleware._asgi import Message
 from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.writer import ClientWriter
-from streamwarden.relay import Relay
 
 __all__ = ["AppBody"]
 

@@ -8,7 +8,7 @@ scopes (lifespan, websocket) pass straight through; the middleware only
 listens to the lifespan's messages, to start and stop what runs in the
 background (the engine watch, the telemetry's exporters).
 
-Metrics. Each instance owns one :class:`~streamwarden.metrics.StreamMetrics`
+Metrics. Each instance owns one :class:`~streamwarden.observation.metrics.StreamMetrics`
 (its own registry, as each sidecar does). The app can expose it with one
 call, ``mount_metrics(app)``, or the middleware serves it itself at
 ``metrics_path`` when that is set. Starlette builds its middleware stack
@@ -24,15 +24,15 @@ import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
-from streamwarden.engine_watch import EngineWatch
-from streamwarden.logs import log_unless_configured
-from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
+from streamwarden.features.engine.watch import EngineWatch
+from streamwarden.features.resume.service import ResumeService
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
 from streamwarden.middleware.resume import answer_resume
 from streamwarden.middleware.streams import FaceContext, Streams
+from streamwarden.observation.logs import log_unless_configured
+from streamwarden.observation.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.pipeline import FaceServices, Pipeline
-from streamwarden.resume_service import ResumeService
 
 log = logging.getLogger("streamwarden.middleware")
 
@@ -73,7 +73,7 @@ class StreamWardenMiddleware:
         #: OpenTelemetry (otel_exporter): the otel extra, imported only when asked for.
         self.telemetry = None
         if self.settings.otel_exporter != "none":
-            from streamwarden.telemetry import Telemetry
+            from streamwarden.observation.telemetry import Telemetry
 
             self.telemetry = Telemetry(self.settings, self.metrics.otel_errors.inc)
         self._context = FaceContext(
@@ -97,8 +97,9 @@ class StreamWardenMiddleware:
         #: The inference engine's counters against this instance's streams
         #: (engine_metrics_url): started by the lifespan's startup, or by the
         #: first request when the server runs no lifespan; stopped by its shutdown.
+        pipeline = self._context.pipeline
         self.engine_watch = (
-            EngineWatch(self.settings, self._context.pipeline, self.metrics)
+            EngineWatch(self.settings, pipeline.register, pipeline.on_open, self.metrics)
             if self.settings.engine_metrics_url is not None
             else None
         )

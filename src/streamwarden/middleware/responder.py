@@ -4,7 +4,7 @@ A :class:`StreamResponder` runs the app for one HTTP request with its own
 ``send`` (and the :class:`~streamwarden.middleware.inbox.Inbox` as its
 ``receive``). It decides at ``http.response.start`` whether the response
 is a stream, by the same rule as the sidecar
-(:func:`~streamwarden.dialects.stream_framing`); every other response is
+(:func:`~streamwarden.core.dialects.stream_framing`); every other response is
 handed to the server message by message, untouched. Its two helpers have
 a job each: :class:`~streamwarden.middleware.admission.Admission` says
 whether the request asks for a stream and holds its
@@ -13,7 +13,7 @@ whether the request asks for a stream and holds its
 stream's upstream has to be closed.
 
 For a stream it moves bytes and time through a core
-:class:`~streamwarden.relay.Relay`, like the sidecar does, with a part
+:class:`~streamwarden.core.relay.Relay`, like the sidecar does, with a part
 each:
 
 - the app's body chunks are fed to the relay and only what it returns is
@@ -72,8 +72,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from streamwarden.headers import drop_hop_by_hop, stream_response_headers
-from streamwarden.inflate import Inflater
+from streamwarden.core.headers import drop_hop_by_hop, stream_response_headers
+from streamwarden.core.inflate import Inflater
+from streamwarden.core.plan import StreamPlan, plan_response
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.admission import Admission
 from streamwarden.middleware.app_task import AppTask
@@ -84,7 +85,6 @@ from streamwarden.middleware.resume import scope_headers
 from streamwarden.middleware.streams import FaceContext
 from streamwarden.middleware.writer import ClientWriter
 from streamwarden.pipeline import PipelineStream, StreamStart
-from streamwarden.plan import StreamPlan, plan_response
 
 __all__ = ["StreamResponder"]
 

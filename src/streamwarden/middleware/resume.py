@@ -1,7 +1,7 @@
 """The middleware's side of resumable streams: ASGI requests to the resume service.
 
 A resume or a stop never reaches the app: it is answered here, from the
-store, by :class:`~streamwarden.resume_service.ResumeService`, the same
+store, by :class:`~streamwarden.features.resume.service.ResumeService`, the same
 code the sidecar uses. This module only reads the ASGI scope and writes
 the ASGI messages.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 
 from streamwarden.config import ResolvedRoute, Settings
+from streamwarden.core.refusals import RefusalKind
+from streamwarden.features.resume.model import STREAM_ID_HEADER, Position
+from streamwarden.features.resume.service import ResumeService
 from streamwarden.middleware._asgi import Receive, Scope, Send, send_refusal
-from streamwarden.refusals import RefusalKind
-from streamwarden.register import StreamRegister
-from streamwarden.resume import STREAM_ID_HEADER, Position
-from streamwarden.resume_service import ResumeService
+from streamwarden.observation.register import StreamRegister
 
 __all__ = ["answer_resume", "scope_headers"]
 
@@ -29,7 +29,7 @@ def scope_headers(scope: Scope) -> list[tuple[str, str]]:
 
 
 class _ASGIAnswer:
-    """An :class:`~streamwarden.resume_service.Answer` over ASGI ``send``."""
+    """An :class:`~streamwarden.features.resume.service.Answer` over ASGI ``send``."""
 
     def __init__(self, send: Send, write_timeout: float) -> None:
         self._send = send

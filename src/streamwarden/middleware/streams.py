@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamwarden.config import Settings
+from streamwarden.features.resume.service import ResumeService
+from streamwarden.observation.register import Listener, StreamRegister
 from streamwarden.pipeline import Pipeline
-from streamwarden.register import Listener, StreamRegister
-from streamwarden.resume_service import ResumeService
 
 __all__ = ["FaceContext", "Listener", "Streams"]
 

@@ -29,13 +29,13 @@ import asyncio
 from collections.abc import Callable
 
 from streamwarden.config import ResolvedRoute
+from streamwarden.core.relay import Relay
 from streamwarden.middleware._asgi import Message, Send
 from streamwarden.middleware.admission import Admission
 from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.pipeline import PipelineStream
 from streamwarden.pipeline.end import StreamEnd
-from streamwarden.relay import Relay
 
 __all__ = ["ClientWriter"]
 

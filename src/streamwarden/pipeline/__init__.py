@@ -6,7 +6,7 @@ sidecar per process, the middleware per instance); for each response
 that is a stream it calls :meth:`Pipeline.open` with what it knows
 (:class:`~streamwarden.pipeline.stage.StreamStart`), which picks the
 stages this stream runs, builds its sans-I/O
-:class:`~streamwarden.relay.Relay` with what they configure, and lets
+:class:`~streamwarden.core.relay.Relay` with what they configure, and lets
 them act on it; and at its end, whatever ended it, :meth:`Pipeline.finish`,
 which runs the one end every stream has (:class:`~streamwarden.pipeline.end.StreamEnd`)
 with the stages' closing hooks in it. What stays in a face is its I/O:
@@ -24,7 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Generic, TypeVar
 
-from streamwarden.meter import StreamRecord
+from streamwarden.core.meter import StreamMeter, StreamRecord
+from streamwarden.core.relay import Relay
+from streamwarden.observation.register import StreamRegister
 from streamwarden.pipeline.end import StreamEnd, StreamIdentity
 from streamwarden.pipeline.filters import OutputFilters
 from streamwarden.pipeline.keepalive import KeepAlive
@@ -41,8 +43,6 @@ from streamwarden.pipeline.stage import (
 )
 from streamwarden.pipeline.telemetry import Telemetry
 from streamwarden.pipeline.usage import UsageTakeBack
-from streamwarden.register import StreamRegister
-from streamwarden.relay import Relay
 
 __all__ = [
     "STAGES",
@@ -89,10 +89,11 @@ class Pipeline(Generic[S]):
         built = (kind.build(services) for kind in (STAGES if stages is None else stages))
         #: The stages this face runs (those with something to do here).
         self.stages: tuple[Stage, ...] = tuple(stage for stage in built if stage is not None)
-        #: Called with each stream opened, once its stages have acted on it: the
-        #: register's listeners see streams end, these see them begin (the
-        #: engine watch counts the tokens of streams in flight by them).
-        self.on_open: list[Callable[[PipelineStream], None]] = []
+        #: Called with each stream's meter as it opens, once its stages have
+        #: acted on it: the register's listeners see streams end, these see
+        #: them begin (the engine watch counts the tokens of streams in flight
+        #: by them).
+        self.on_open: list[Callable[[StreamMeter], None]] = []
 
     def open(self, start: StreamStart) -> PipelineStream:
         """A new stream: its stages picked, its relay built, and the stages acting on it."""
@@ -118,7 +119,7 @@ class Pipeline(Generic[S]):
         for stage in planned:
             stage.opened(stream)
         for callback in self.on_open:
-            callback(stream)
+            callback(relay.meter)
         # The request's headers (its credentials among them) were for the
         # stages' opening (a resumable stream's owner): not kept for its life.
         stream.start = replace(start, request_headers=())

@@ -37,11 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from streamwarden.logs import stream_logger
-from streamwarden.meter import StreamRecord
-from streamwarden.metrics import StreamMetrics
-from streamwarden.register import StreamRegister, finished_record
-from streamwarden.relay import Relay
+from streamwarden.core.meter import StreamRecord
+from streamwarden.core.relay import Relay
+from streamwarden.observation.logs import stream_logger
+from streamwarden.observation.metrics import StreamMetrics
+from streamwarden.observation.register import StreamRegister, finished_record
 
 if TYPE_CHECKING:
     from streamwarden.pipeline.stage import PipelineStream

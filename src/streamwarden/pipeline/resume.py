@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from streamwarden.features.resume.model import STREAM_ID_HEADER
+from streamwarden.features.resume.service import ResumeService
 from streamwarden.pipeline.stage import FaceServices, PipelineStream, Stage, StreamStart
-from streamwarden.resume import STREAM_ID_HEADER
-from streamwarden.resume_service import ResumeService
 
 __all__ = ["ResumeJournal"]
 

@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from streamwarden.config import ResolvedRoute, Settings
-from streamwarden.meter import GapObserver, StreamRecord
-from streamwarden.plan import StreamPlan
-from streamwarden.relay import Limits, Relay
-from streamwarden.usage import UsageRole
+from streamwarden.core.meter import GapObserver, StreamRecord
+from streamwarden.core.plan import StreamPlan
+from streamwarden.core.relay import Limits, Relay
+from streamwarden.core.usage import UsageRole
 
 if TYPE_CHECKING:
-    from streamwarden.filters import FilterSet
-    from streamwarden.metrics import StreamMetrics
-    from streamwarden.resume_service import ResumeService
-    from streamwarden.telemetry import RequestTrace
+    from streamwarden.core.filters import FilterSet
+    from streamwarden.features.resume.service import ResumeService
+    from streamwarden.observation.metrics import StreamMetrics
+    from streamwarden.observation.telemetry import RequestTrace
 
 __all__ = [
     "Face",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamwarden.meter import StreamRecord
+from streamwarden.core.meter import StreamRecord
 from streamwarden.pipeline.stage import PipelineStream, Stage, StreamStart
 
 __all__ = ["Telemetry"]

@@ -3,7 +3,7 @@
 The request side is the sidecar's (:mod:`streamwarden.sidecar.injection`):
 it decides, from the path's learned habit, whether the request went with
 ``stream_options.include_usage`` added and what to take back, or went
-unchanged to learn the habit (:mod:`streamwarden.usage`). The stream
+unchanged to learn the habit (:mod:`streamwarden.core.usage`). The stream
 carries that decision in :attr:`StreamStart.usage`.
 """
 

@@ -2,8 +2,8 @@
 
 Each upstream read is handled inside the upstream connection's
 ``data_received``: the parser hands the body to :class:`StreamDriver` (a
-:class:`~streamwarden.upstream.BodySink`), which inflates it if it
-is compressed, feeds it to the stream's :class:`~streamwarden.relay.Relay`
+:class:`~streamwarden.net.upstream.BodySink`), which inflates it if it
+is compressed, feeds it to the stream's :class:`~streamwarden.core.relay.Relay`
 and writes whatever whole events that read completed to the client in one
 write. No queue, no task wake-up per event. The stream's task only does
 what only a task can: wait for the relay's next deadline (keep-alive, idle
@@ -33,18 +33,18 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from streamwarden.inflate import InflateError, Inflater
-from streamwarden.plan import StreamPlan
-from streamwarden.relay import ErrorCode, Relay
-from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
-from streamwarden.sidecar.streams import ActiveStream
-from streamwarden.upstream import (
+from streamwarden.core.inflate import InflateError, Inflater
+from streamwarden.core.plan import StreamPlan
+from streamwarden.core.relay import ErrorCode, Relay
+from streamwarden.net.upstream import (
     Exchange,
     HeadTimeout,
     ResponseHead,
     UpstreamError,
     UpstreamUnreachable,
 )
+from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
+from streamwarden.sidecar.streams import ActiveStream
 
 __all__ = ["TURN_BUDGET", "PassThrough", "StreamDriver"]
 

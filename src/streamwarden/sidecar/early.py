@@ -17,12 +17,12 @@ import asyncio
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.headers import stream_response_headers
-from streamwarden.plan import StreamPlan, plan_response
-from streamwarden.register import Slot
+from streamwarden.core.headers import stream_response_headers
+from streamwarden.core.plan import StreamPlan, plan_response
+from streamwarden.net.upstream import Exchange, ResponseHead
+from streamwarden.observation.register import Slot
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.streaming import Streaming, head_response
-from streamwarden.upstream import Exchange, ResponseHead
 
 __all__ = ["relay_early"]
 

@@ -22,12 +22,12 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from streamwarden.config import Settings
-from streamwarden.headers import drop_hop_by_hop
+from streamwarden.core.headers import drop_hop_by_hop
+from streamwarden.net.upstream import Origin, RequestBody, request_head
 from streamwarden.sidecar.injection import Rewritten
-from streamwarden.upstream import Origin, RequestBody, request_head
 
 if TYPE_CHECKING:
-    from streamwarden.telemetry import RequestTrace
+    from streamwarden.observation.telemetry import RequestTrace
 
 __all__ = ["TRACE", "Forwarding", "answer_continue", "idempotent", "trace_of"]
 

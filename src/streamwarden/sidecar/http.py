@@ -38,8 +38,8 @@ from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-from streamwarden.logs import RateLimitedWarnings
-from streamwarden.refusals import RefusalKind
+from streamwarden.core.refusals import RefusalKind
+from streamwarden.observation.logs import RateLimitedWarnings
 
 __all__ = ["CLIENT_GONE", "ClientChannel", "GuardedServer", "refuse"]
 

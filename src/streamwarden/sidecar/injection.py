@@ -1,9 +1,9 @@
-"""Usage injection in the sidecar: the request side (:mod:`streamwarden.usage` has the rules).
+"""Usage injection in the sidecar: the request side (:mod:`streamwarden.core.usage` has the rules).
 
 :class:`UsageInjector` decides, per request, whether to ask the upstream
 for usage the client did not ask for, reads the (bounded) body to rewrite
 it, and remembers two things of its upstream: per path and model, what
-it sends when nobody asks for usage (:class:`~streamwarden.usage.UsageHabits`:
+it sends when nobody asks for usage (:class:`~streamwarden.core.usage.UsageHabits`:
 learned from unchanged streams, before any request of that kind is changed),
 and a refusal of the option: after a ``400`` that names
 ``stream_options`` (:meth:`UsageInjector.look_into_refusal`) the request
@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.dialects import SSE_MEDIA_TYPE, detect
-from streamwarden.headers import drop_hop_by_hop
-from streamwarden.upstream import Exchange, UpstreamBroken, UpstreamError
-from streamwarden.usage import (
+from streamwarden.core.dialects import SSE_MEDIA_TYPE, detect
+from streamwarden.core.headers import drop_hop_by_hop
+from streamwarden.core.usage import (
     TakeBack,
     UsageHabits,
     UsageRole,
     refuses_stream_options,
     usage_request,
 )
+from streamwarden.net.upstream import Exchange, UpstreamBroken, UpstreamError
 
 __all__ = ["REFUSAL_MEMORY", "Buffered", "Rewritten", "UsageInjector", "read_refusal"]
 

@@ -1,7 +1,7 @@
 """Responses that are not streams: copied to the client byte for byte.
 
 Whatever the request asked for, a response the stream plan does not call a
-stream (:mod:`streamwarden.plan`) keeps its status, its reason and its
+stream (:mod:`streamwarden.core.plan`) keeps its status, its reason and its
 headers (minus hop-by-hop ones) and its body exactly, copied by
 :class:`~streamwarden.sidecar.driver.PassThrough` with the stream's flow
 control and ``client_write_timeout``. Its upstream connection goes back to
@@ -15,10 +15,10 @@ import contextlib
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.headers import drop_hop_by_hop
+from streamwarden.core.headers import drop_hop_by_hop
+from streamwarden.net.upstream import Exchange
 from streamwarden.sidecar.driver import PassThrough
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
-from streamwarden.upstream import Exchange
 
 __all__ = ["pass_through"]
 

@@ -8,9 +8,9 @@ module of its own:
 - a resume or an owner's stop, answered from the store and never
   forwarded: :mod:`~streamwarden.sidecar.resume`;
 - usage injection's request side: :mod:`~streamwarden.sidecar.injection`;
-- the upstream client: :mod:`~streamwarden.upstream`;
+- the upstream client: :mod:`~streamwarden.net.upstream`;
 - what the upstream answers, as the response's stream plan
-  (:mod:`streamwarden.plan`) decides: a stream goes through
+  (:mod:`streamwarden.core.plan`) decides: a stream goes through
   :mod:`~streamwarden.sidecar.streaming` (and, before the upstream answers
   on a route with early headers, :mod:`~streamwarden.sidecar.early`);
   anything else is copied byte for byte by
@@ -37,14 +37,25 @@ import aiohttp
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute, Settings
-from streamwarden.headers import redact, redact_url
-from streamwarden.meter import GapObserver
-from streamwarden.metrics import StreamMetrics
+from streamwarden.core.headers import redact, redact_url
+from streamwarden.core.meter import GapObserver
+from streamwarden.core.plan import asks_for_stream, plan_response
+from streamwarden.core.refusals import RefusalKind
+from streamwarden.core.usage import UsageRole
+from streamwarden.features.resume.service import ResumeService
+from streamwarden.net.upstream import (
+    BodyTooLarge,
+    ClientBodyBroken,
+    Exchange,
+    HeadTimeout,
+    RequestBody,
+    UpstreamError,
+    UpstreamPool,
+    open_exchange,
+)
+from streamwarden.observation.metrics import StreamMetrics
+from streamwarden.observation.register import NO_SLOT, Slot
 from streamwarden.pipeline import FaceServices, Pipeline
-from streamwarden.plan import asks_for_stream, plan_response
-from streamwarden.refusals import RefusalKind
-from streamwarden.register import NO_SLOT, Slot
-from streamwarden.resume_service import ResumeService
 from streamwarden.sidecar.early import relay_early
 from streamwarden.sidecar.forwarding import (
     TRACE,
@@ -60,20 +71,9 @@ from streamwarden.sidecar.resume import answer_resume
 from streamwarden.sidecar.streaming import Streaming
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
-from streamwarden.upstream import (
-    BodyTooLarge,
-    ClientBodyBroken,
-    Exchange,
-    HeadTimeout,
-    RequestBody,
-    UpstreamError,
-    UpstreamPool,
-    open_exchange,
-)
-from streamwarden.usage import UsageRole
 
 if TYPE_CHECKING:
-    from streamwarden.telemetry import Telemetry
+    from streamwarden.observation.telemetry import Telemetry
 
 __all__ = ["Proxy"]
 
@@ -105,7 +105,9 @@ class Proxy:
         #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
         self.telemetry: Telemetry | None = None
         if settings.otel_exporter != "none":
-            from streamwarden.telemetry import Telemetry  # the otel extra, only when asked for
+            from streamwarden.observation.telemetry import (
+                Telemetry,  # the otel extra, only when asked for
+            )
 
             on_error = metrics.otel_errors.inc if metrics is not None else None
             self.telemetry = Telemetry(settings, on_error, own_process=True)

@@ -1,6 +1,6 @@
 """The sidecar's side of resumable streams: aiohttp requests to the resume service.
 
-Everything about a resume is :class:`~streamwarden.resume_service.ResumeService`'s;
+Everything about a resume is :class:`~streamwarden.features.resume.service.ResumeService`'s;
 this module only routes a request on a resumable route (:func:`answer_resume`:
 a resume, an owner's stop, or neither), turns it into the service's
 inputs, and its answer into an aiohttp response. A resume is served from
@@ -16,9 +16,9 @@ import contextlib
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.refusals import RefusalKind
-from streamwarden.resume import STREAM_ID_HEADER, Position
-from streamwarden.resume_service import ResumeService
+from streamwarden.core.refusals import RefusalKind
+from streamwarden.features.resume.model import STREAM_ID_HEADER, Position
+from streamwarden.features.resume.service import ResumeService
 from streamwarden.sidecar.http import CLIENT_GONE, refuse
 from streamwarden.sidecar.streams import StreamTracker
 
@@ -26,7 +26,7 @@ __all__ = ["answer_resume", "position", "serve_resume", "stop_stream"]
 
 
 class _AiohttpAnswer:
-    """An :class:`~streamwarden.resume_service.Answer` over an aiohttp response."""
+    """An :class:`~streamwarden.features.resume.service.Answer` over an aiohttp response."""
 
     def __init__(self, request: web.BaseRequest, write_timeout: float) -> None:
         self.request = request

@@ -25,11 +25,11 @@ from yarl import URL
 
 from streamwarden._native import native_summary
 from streamwarden.config import Settings
-from streamwarden.engine_watch import EngineWatch
-from streamwarden.headers import redact_url
-from streamwarden.live import recent_endings, stream_view
-from streamwarden.logs import RateLimitedWarnings
-from streamwarden.metrics import CONTENT_TYPE_LATEST, StreamMetrics
+from streamwarden.core.headers import redact_url
+from streamwarden.features.engine.watch import EngineWatch
+from streamwarden.observation.live import recent_endings, stream_view
+from streamwarden.observation.logs import RateLimitedWarnings
+from streamwarden.observation.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.sidecar.http import GuardedServer
 from streamwarden.sidecar.proxy import Proxy
 from streamwarden.sidecar.streams import StreamTracker
@@ -63,7 +63,9 @@ class Sidecar:
         )
         #: The inference engine's counters against the sidecar's (engine_metrics_url).
         self.engine_watch = (
-            EngineWatch(settings, self.proxy.pipeline, self.metrics)
+            EngineWatch(
+                settings, self.proxy.pipeline.register, self.proxy.pipeline.on_open, self.metrics
+            )
             if settings.engine_metrics_url is not None
             else None
         )

@@ -23,16 +23,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.headers import drop_hop_by_hop, stream_response_headers
+from streamwarden.core.headers import drop_hop_by_hop, stream_response_headers
+from streamwarden.core.plan import StreamPlan
+from streamwarden.core.usage import UsageRole
+from streamwarden.net.upstream import Exchange
+from streamwarden.observation.register import Slot
 from streamwarden.pipeline import Pipeline, PipelineStream, StreamStart
-from streamwarden.plan import StreamPlan
-from streamwarden.register import Slot
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.forwarding import trace_of
 from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
-from streamwarden.upstream import Exchange
-from streamwarden.usage import UsageRole
 
 __all__ = ["StreamRun", "Streaming", "head_response"]
 

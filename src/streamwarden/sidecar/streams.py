@@ -1,4 +1,4 @@
-"""The sidecar's register of streams (:class:`~streamwarden.register.StreamRegister`).
+"""The sidecar's register of streams (:class:`~streamwarden.observation.register.StreamRegister`).
 
 On top of what both faces share, the sidecar's drain needs the streams in
 flight (to give each its deadline) and a wait for the last one to end.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from streamwarden.meter import StreamRecord
-from streamwarden.register import StreamRegister
-from streamwarden.relay import Relay
+from streamwarden.core.meter import StreamRecord
+from streamwarden.core.relay import Relay
+from streamwarden.observation.register import StreamRegister
 
 __all__ = ["ActiveStream", "StreamRecord", "StreamTracker"]
 

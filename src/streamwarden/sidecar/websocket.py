@@ -25,7 +25,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from streamwarden.refusals import RefusalKind
+from streamwarden.core.refusals import RefusalKind
 
 __all__ = ["SessionEnd", "WebSocketRelay", "is_websocket"]
 

@@ -1,0 +1,171 @@
+"""Google Gemini ``streamGenerateContent`` with ``alt=sse``.
+
+Unnamed events whose data is a ``GenerateContentResponse``: text in
+``candidates[].content.parts[].text``, tool calls as whole ``functionCall``
+parts (counted as text for tokens, but not read by output filters: their
+arguments are a JSON object, not text), cumulative
+``usageMetadata.candidatesTokenCount``. The last chunk
+carries a ``finishReason``; there is no separate terminal event, so that
+chunk is the terminal one.
+
+The synthesized error is Google's own error object, as the API streams it
+when it fails mid-answer: ``{"error": {"code": <HTTP status>, "message":
+..., "status": <google.rpc.Code name>, "details": [...]}}``. ``code`` must
+be an integer: google-genai compares it with 400 and 500 to choose between
+``ClientError`` and ``ServerError`` (a string made it raise ``TypeError``
+instead, losing the answer's reason), and it only looks for an error in a
+chunk whose JSON starts with ``{"error":``. Our machine code is in the
+message, ``"... (stream_truncated)"``, and in a ``google.rpc.ErrorInfo``
+detail: ``reason`` in Google's upper-case form (``STREAM_TRUNCATED``, as
+ErrorInfo requires ``[A-Z][A-Z0-9_]+[A-Z0-9]``), ``domain``
+``streamwarden``, and the code itself as ``metadata.code``.
+
+Each code gets a status and the HTTP status Google pairs with it, so a
+client that maps either one gets the same answer:
+
+================== ==== =================== =====================================
+machine code       code status              why
+================== ==== =================== =====================================
+stream_truncated   500  INTERNAL            the upstream broke its own protocol:
+                                            it ended without a finishReason
+upstream_error     503  UNAVAILABLE         the connection broke: transient,
+                                            worth a retry
+upstream_timeout   504  DEADLINE_EXCEEDED   the upstream went silent too long
+duration_exceeded  504  DEADLINE_EXCEEDED   the stream's own deadline ran out
+event_too_large    500  INTERNAL            the upstream sent what the proxy
+                                            refuses; not RESOURCE_EXHAUSTED
+                                            (429), which clients retry with
+                                            backoff for the same refusal, and
+                                            not a 4xx, which blames the request
+shutting_down      503  UNAVAILABLE         the proxy is draining: retry
+                                            elsewhere
+resume_expired     404  NOT_FOUND           a resume named a stream that is
+                                            unknown, expired, or not the
+                                            caller's
+resume_gap         500  DATA_LOSS           the events after a resume's
+                                            position were evicted
+resume_unavailable 503  UNAVAILABLE         the resume store is down: retry
+content_blocked    400  FAILED_PRECONDITION an output filter stopped the answer:
+                                            the same request would be stopped
+                                            again, so not a retryable 5xx
+(any other)        500  INTERNAL
+================== ==== =================== =====================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamwarden.core.dialects.base import (
+    NOTHING,
+    UPSTREAM_ERROR,
+    Dialect,
+    Observation,
+    Place,
+    as_int,
+    dump_json,
+    load_json,
+    sse_block,
+    token_place,
+)
+from streamwarden.core.sse import Event
+
+# The table in the module docstring: machine code -> (HTTP status, google.rpc.Code).
+_STATUS: dict[str, tuple[int, str]] = {
+    "stream_truncated": (500, "INTERNAL"),
+    "upstream_error": (503, "UNAVAILABLE"),
+    "upstream_timeout": (504, "DEADLINE_EXCEEDED"),
+    "duration_exceeded": (504, "DEADLINE_EXCEEDED"),
+    "event_too_large": (500, "INTERNAL"),
+    "shutting_down": (503, "UNAVAILABLE"),
+    "resume_expired": (404, "NOT_FOUND"),
+    "resume_gap": (500, "DATA_LOSS"),
+    "resume_unavailable": (503, "UNAVAILABLE"),
+    "content_blocked": (400, "FAILED_PRECONDITION"),
+}
+_OTHER = (500, "INTERNAL")
+ERROR_DOMAIN = "streamwarden"
+
+
+class Gemini(Dialect):
+    __slots__ = ()
+
+    name = "gemini"
+    tool_marks = ('"functionCall"',)
+    terminal_event = "a chunk with finishReason"
+
+    def inspect(self, event: Event) -> Observation:
+        obj = load_json(event.data)
+        if not isinstance(obj, dict):
+            return NOTHING
+        if obj.get("error"):
+            return UPSTREAM_ERROR
+        text, finished, tools = _candidates(obj.get("candidates"))
+        usage = obj.get("usageMetadata")
+        tokens = prompt = None
+        if isinstance(usage, dict):
+            tokens = as_int(usage.get("candidatesTokenCount"))
+            prompt = as_int(usage.get("promptTokenCount"))
+        if not text and tokens is None and prompt is None and not finished:
+            return NOTHING
+        return Observation(text, tokens, prompt, terminal=finished, tools=tools)
+
+    def error_event(self, code: str, message: str) -> bytes:
+        http_status, status = _STATUS.get(code, _OTHER)
+        info = {
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": code.upper(),
+            "domain": ERROR_DOMAIN,
+            "metadata": {"code": code},
+        }
+        error = {"code": http_status, "message": message, "status": status, "details": [info]}
+        return sse_block(dump_json({"error": error}))
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        # Text parts only: a functionCall's args are a whole JSON object, not text.
+        candidates = root.get("candidates") if isinstance(root, dict) else None
+        places: list[Place] = []
+        for candidate in candidates if isinstance(candidates, list) else ():
+            content = candidate.get("content") if isinstance(candidate, dict) else None
+            parts = content.get("parts") if isinstance(content, dict) else None
+            for part in parts if isinstance(parts, list) else ():
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    # The candidate's logprobsResult spells its tokens: they go with a rewrite.
+                    places.append(token_place(part, "text", candidate, "logprobsResult"))
+        return places
+
+    @classmethod
+    def sniff(cls, event: Event) -> bool:
+        if event.event != "message":
+            return False
+        obj = load_json(event.data)
+        return isinstance(obj, dict) and ("candidates" in obj or "usageMetadata" in obj)
+
+
+def _candidates(candidates: Any) -> tuple[str, bool, bool]:
+    """The text, whether a candidate finished, and whether a functionCall is in the text."""
+    if not isinstance(candidates, list):
+        return "", False, False
+    parts_text: list[str] = []
+    finished = False
+    tools = False
+    for candidate in candidates:
+        if not isinstance(candidate, dict):
+            continue
+        if candidate.get("finishReason"):
+            finished = True
+        content = candidate.get("content")
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if not isinstance(parts, list):
+            continue
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            text = part.get("text")
+            if isinstance(text, str):
+                parts_text.append(text)
+            call = part.get("functionCall")
+            if isinstance(call, dict) and "args" in call:
+                parts_text.append(dump_json(call["args"]))
+                tools = True
+    return "".join(parts_text), finished, tools

@@ -1,0 +1,36 @@
+"""Any other event stream: no known terminal event, so a clean end is a clean end.
+
+Every data event counts as content (its data is the text for the token
+estimate). Failures the relay detects still become an ``event: error`` with
+a JSON ``{"error": {...}}`` body, which ``EventSource`` pages can listen for
+by name and generic SSE clients can recognise by its data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamwarden.core.dialects.base import Dialect, Observation, RawText, dump_json, sse_block
+from streamwarden.core.sse import Event
+
+
+class Generic(Dialect):
+    __slots__ = ()
+
+    name = "generic"
+    # Never named in a message: with no terminal event expected, the only
+    # truncation is an unfinished event, and the relay says that instead.
+    terminal_event = "no terminal event"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expects_terminal = False
+
+    def inspect(self, event: Event) -> Observation:
+        return Observation(text=event.data) if event.data else Observation()
+
+    def load_data(self, event: Event, loads: Any = None) -> Any:
+        return RawText([event.data])  # the data is the text, JSON or not
+
+    def error_event(self, code: str, message: str) -> bytes:
+        return sse_block(dump_json({"error": {"code": code, "message": message}}), event="error")

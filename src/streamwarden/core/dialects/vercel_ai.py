@@ -1,0 +1,225 @@
+"""Vercel AI SDK streams, in their two wire forms.
+
+- The data stream protocol (AI SDK 4, header ``x-vercel-ai-data-stream:
+  v1``): one ``TYPE:JSON`` record per line. ``0:`` text, ``g:`` reasoning,
+  ``c:`` tool-call argument deltas, ``d:`` finish message with usage (the
+  terminal record), ``3:`` an error string.
+- The UI message stream (AI SDK 5, header ``x-vercel-ai-ui-message-stream:
+  v1``): SSE ``data:`` objects with a ``type`` (``text-delta``,
+  ``tool-input-delta``, ``finish``, ``error`` ...) closed by
+  ``data: [DONE]``.
+
+The SDK's stream parsers validate each part strictly, so the synthesized
+errors use exactly the documented error parts and carry the machine code
+inside the message text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from streamwarden.core.dialects.base import (
+    NOTHING,
+    TERMINAL,
+    UPSTREAM_ERROR,
+    Dialect,
+    Observation,
+    Place,
+    as_int,
+    dump_json,
+    load_json,
+    sse_block,
+)
+from streamwarden.core.filters import REDACTED
+from streamwarden.core.sse import Event
+
+DATA_STREAM_HEADER = "x-vercel-ai-data-stream"
+UI_MESSAGE_STREAM_HEADER = "x-vercel-ai-ui-message-stream"
+
+_UI_TEXT_FIELDS = {
+    "text-delta": "delta",
+    "reasoning-delta": "delta",
+    "tool-input-delta": "inputTextDelta",
+}
+
+
+class VercelDataStream(Dialect):
+    __slots__ = ()
+
+    name = "vercel-ai"
+
+    def carries_tool_arguments(self, event: Event) -> bool:
+        # Tool call parts: 9: (whole call), b: (call start), c: (argument delta), a: (result).
+        return event.data[:2] in ("9:", "b:", "c:", "a:")
+
+    framing = "lines"
+    terminal_event = "a d: finish line"
+
+    def inspect(self, event: Event) -> Observation:
+        line = event.data
+        kind, sep, payload = line.partition(":")
+        if not sep:
+            return NOTHING
+        if kind in ("0", "g"):
+            value = load_json(payload)
+            return Observation(text=value) if isinstance(value, str) and value else NOTHING
+        if kind == "c":
+            value = load_json(payload)
+            delta = value.get("argsTextDelta") if isinstance(value, dict) else None
+            return (
+                Observation(text=delta, tools=True) if isinstance(delta, str) and delta else NOTHING
+            )
+        if kind == "d":
+            value = load_json(payload)
+            usage = value.get("usage") if isinstance(value, dict) else None
+            tokens = prompt = None
+            if isinstance(usage, dict):
+                tokens = as_int(usage.get("completionTokens"))
+                prompt = as_int(usage.get("promptTokens"))
+            return Observation(output_tokens=tokens, input_tokens=prompt, terminal=True)
+        if kind == "3":
+            return UPSTREAM_ERROR
+        return NOTHING
+
+    def error_event(self, code: str, message: str) -> bytes:
+        return f"3:{dump_json(message)}\n".encode()
+
+    # A record is loaded as [type, value]: the text is the value, or its argsTextDelta.
+    def load_data(self, event: Event, loads: Any = None) -> Any:
+        kind, sep, payload = event.data.partition(":")
+        return [kind, (loads or load_json)(payload)] if sep else [kind, None]
+
+    def dump_data(self, event: Event, root: Any) -> str:
+        return f"{root[0]}:{dump_json(root[1])}"
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind, value = root
+        if kind in ("0", "g") and isinstance(value, str):
+            return [(root, 1)]
+        if kind == "c" and tool_arguments and isinstance(value, dict):
+            return [(value, "argsTextDelta")] if isinstance(value.get("argsTextDelta"), str) else []
+        return []
+
+    # The 9: tool call repeats, whole, the arguments the c: deltas streamed.
+    def repeats_text(self, event: Event) -> bool:
+        return event.data.startswith("9:")
+
+    def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind, value = root
+        if kind != "9" or not tool_arguments or not isinstance(value, dict):
+            return []
+        return _argument_places(value, "args")
+
+
+class VercelUIMessageStream(Dialect):
+    __slots__ = ()
+
+    name = "vercel-ai"
+    tool_marks = ('"tool-', "tool-input", "tool-output")
+    terminal_event = "data: [DONE]"
+
+    def inspect(self, event: Event) -> Observation:
+        data = event.data
+        if data.startswith("[DONE]"):
+            return TERMINAL
+        obj = load_json(data)
+        if not isinstance(obj, dict):
+            return NOTHING
+        kind = obj.get("type")
+        field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field is not None:
+            text = obj.get(field)
+            if not isinstance(text, str) or not text:
+                return NOTHING
+            return Observation(text=text, tools=kind == "tool-input-delta")
+        if kind == "error":
+            return UPSTREAM_ERROR
+        if kind == "finish":
+            metadata = obj.get("messageMetadata")
+            usage = metadata.get("usage") if isinstance(metadata, dict) else None
+            tokens = prompt = None
+            if isinstance(usage, dict):
+                tokens = as_int(usage.get("outputTokens", usage.get("completionTokens")))
+                prompt = as_int(usage.get("inputTokens", usage.get("promptTokens")))
+            if tokens is None and prompt is None:
+                return NOTHING
+            return Observation(output_tokens=tokens, input_tokens=prompt)
+        return NOTHING
+
+    def error_event(self, code: str, message: str) -> bytes:
+        return sse_block(dump_json({"type": "error", "errorText": message}))
+
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        kind = root.get("type") if isinstance(root, dict) else None
+        field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field is None or (kind == "tool-input-delta" and not tool_arguments):
+            return []
+        return [(root, field)] if isinstance(root.get(field), str) else []
+
+    # tool-input-available (and tool-input-error) repeats, whole, the input
+    # the tool-input-delta parts streamed. Decided by the parsed type: a look
+    # at the text only rules out data that cannot spell it, which must write
+    # it out ("input-...") or escape its letters (\u); most parts do neither.
+    def repeats_text(self, event: Event) -> bool:
+        data = event.data
+        if "input-available" not in data and "input-error" not in data and "\\u" not in data:
+            return False
+        return _ui_whole_input(load_json(data))
+
+    def whole_text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+        if not tool_arguments or not _ui_whole_input(root):
+            return []
+        return _argument_places(root, "input")
+
+
+_UI_WHOLE_INPUTS = frozenset({"tool-input-available", "tool-input-error"})
+
+
+def _ui_whole_input(root: Any) -> bool:
+    """Whether ``root`` is a UI message stream part that carries a tool's input whole."""
+    kind = root.get("type") if isinstance(root, dict) else None
+    return isinstance(kind, str) and kind in _UI_WHOLE_INPUTS
+
+
+def _argument_places(holder: dict[str, Any], field: str) -> list[Place]:
+    """The place of the whole tool arguments ``holder[field]``: text, or an object as JSON text.
+
+    The deltas streamed the arguments as JSON text, so the filters read the
+    parsed object the same way, whole: its compact JSON, where a key, a
+    number or an object's key is text like any other (see :class:`_Arguments`).
+    """
+    value = holder.get(field)
+    if isinstance(value, str):
+        return [(holder, field)]
+    return [(_Arguments(holder), field)] if value is not None else []
+
+
+class _Arguments:
+    """Tool arguments given as an object, as the filters read them: their compact JSON text.
+
+    A rewrite with what the filters left is parsed back when it is JSON
+    that dumps to exactly that text (a match within strings: each becomes
+    ``[redacted]`` where the match was); any other rewrite (a match in a
+    number, or across the JSON's own punctuation) replaces the whole
+    arguments with the string ``[redacted]``: nothing of the match can be
+    left in a value, a key or a number that way.
+    """
+
+    __slots__ = ("_holder",)
+
+    def __init__(self, holder: dict[str, Any]) -> None:
+        self._holder = holder
+
+    def __getitem__(self, field: str) -> str:
+        return dump_json(self._holder[field])
+
+    def __setitem__(self, field: str, text: str) -> None:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            value = REDACTED
+        else:
+            if dump_json(value) != text:
+                value = REDACTED
+        self._holder[field] = value

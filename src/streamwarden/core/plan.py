@@ -1,0 +1,91 @@
+"""The stream plan: decided once per exchange, in the core, for both faces.
+
+Whether a request asks for a stream, and whether its response is one (and
+how it is framed and encoded), used to be worked out in three places with
+three slightly different answers. Here it is decided once, from the
+request and the response head alone, and the faces and the
+:class:`~streamwarden.core.relay.Relay` take the decision as given.
+
+A response is relayed as a stream when all of these hold:
+
+- the request was not ``HEAD`` and the status can carry a body (not 1xx,
+  204 or 304);
+- its media type (or a Vercel AI stream header) says it is a stream:
+  ``text/event-stream``, ``application/x-ndjson``, or one of the
+  configured ``stream_media_types``;
+- its ``Content-Encoding`` is one this project inflates (identity, gzip,
+  x-gzip, deflate). Both faces inflate those, with a bounded output per
+  step (:mod:`streamwarden.core.inflate`), and forward the events uncompressed:
+  a compressed event stream is batched by the compressor, which is exactly
+  what a stream must not be. Any other encoding (br, zstd) is passed through
+  untouched, as a body that is not a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from streamwarden.core.dialects import Framing, asks_for_stream, stream_framing
+
+__all__ = ["Encoding", "StreamPlan", "asks_for_stream", "plan_response", "response_encoding"]
+
+Encoding = Literal["identity", "gzip", "deflate"]
+
+_ENCODINGS: dict[str, Encoding] = {
+    "": "identity",
+    "identity": "identity",
+    "gzip": "gzip",
+    "x-gzip": "gzip",
+    "deflate": "deflate",
+}
+
+# Statuses whose responses never carry a body (RFC 9110 section 6.4.1).
+_NO_BODY = frozenset({204, 304})
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """How one streamed response is relayed."""
+
+    #: SSE blocks or newline-delimited lines.
+    framing: Framing
+    #: The body's content coding, inflated before the relay sees it.
+    encoding: Encoding
+    #: The response's ``Content-Type`` (for dialect detection and the log).
+    content_type: str | None
+
+    @property
+    def decoded(self) -> bool:
+        """Whether the body reaches the client decoded (``Content-Encoding`` dropped)."""
+        return self.encoding != "identity"
+
+
+def response_encoding(value: str | None) -> Encoding | None:
+    """The content coding named by a ``Content-Encoding`` value, or ``None`` if not ours."""
+    return _ENCODINGS.get((value or "").strip().lower())
+
+
+def plan_response(
+    method: str,
+    status: int,
+    headers: Mapping[str, str],
+    extra_media_types: frozenset[str] = frozenset(),
+) -> StreamPlan | None:
+    """The plan for relaying a response as a stream, or ``None`` to pass it through.
+
+    ``headers`` must be case-insensitive (aiohttp's, Starlette's) or use
+    lower-case names. ``extra_media_types`` are the configured
+    ``stream_media_types``, lower-cased.
+    """
+    if method == "HEAD" or status < 200 or status in _NO_BODY:
+        return None
+    content_type = headers.get("content-type")
+    framing = stream_framing(content_type, headers, extra_media_types)
+    if framing is None:
+        return None
+    encoding = response_encoding(headers.get("content-encoding"))
+    if encoding is None:
+        return None
+    return StreamPlan(framing, encoding, content_type)

@@ -1,0 +1,214 @@
+"""Logging: the process's own lines and one structured line per finished stream.
+
+The stream line carries what an operator needs to judge one stream (route,
+dialect, status, end state, error code, timings, events, bytes, tokens and
+how they were counted, keep-alives, cancel propagation) and never a request
+or response body. Headers never appear in it; anything that logs headers
+goes through :func:`streamwarden.core.headers.redact`.
+
+Who configures it. The sidecar owns its process: ``streamwarden run`` calls
+:func:`configure_logging`. The middleware lives in an app's process, whose
+logging is the app's: :func:`log_unless_configured` gives the
+``streamwarden`` loggers a stderr handler of their own (``log_format``,
+``log_level``) only while nobody else has configured logging, so that a
+user who adds the middleware sees its lines without setting up Python
+logging, and an app that has set it up keeps its own handlers, format and
+levels, untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from streamwarden.config import Settings
+from streamwarden.core.meter import StreamRecord
+
+__all__ = [
+    "JSONFormatter",
+    "RateLimitedWarnings",
+    "configure_logging",
+    "log_unless_configured",
+    "stream_logger",
+]
+
+STREAM_LOGGER = "streamwarden.stream"
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line; a record's ``fields`` extra is merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            text += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        return text
+
+
+def _formatter(settings: Settings) -> logging.Formatter:
+    if settings.log_format == "json":
+        return JSONFormatter()
+    return TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def configure_logging(settings: Settings) -> None:
+    """Send the ``streamwarden`` loggers to stderr in the configured format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_formatter(settings))
+    root = logging.getLogger("streamwarden")
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level.upper())
+    root.propagate = False
+
+
+class _UnlessConfigured(logging.StreamHandler[TextIO]):
+    """stderr, for as long as no other handler would take streamwarden's records.
+
+    Checked at each record, not only when attached: an app may configure
+    logging after the middleware is built (Starlette builds it before the
+    app's lifespan runs), and from then on its handlers get the records by
+    propagation; printing them here as well would print them twice.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers or len(logging.getLogger("streamwarden").handlers) > 1:
+            return
+        super().emit(record)
+
+
+def log_unless_configured(settings: Settings) -> bool:
+    """Give the ``streamwarden`` loggers a stderr handler, unless logging is configured.
+
+    The rule: only if neither the ``streamwarden`` logger nor the root logger
+    has a handler (nobody has configured logging, the CLI's
+    :func:`configure_logging` included), attach one to ``streamwarden`` in
+    ``log_format``, and set that logger's level from ``log_level`` unless
+    the app has set one. The first call that attaches decides for the
+    process. Records still propagate; the handler goes quiet if the root
+    logger (or ``streamwarden``) gets a handler later. True if attached.
+    """
+    logger = logging.getLogger("streamwarden")
+    if logger.handlers or logging.getLogger().handlers:
+        return False
+    handler = _UnlessConfigured(sys.stderr)
+    handler.setFormatter(_formatter(settings))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(settings.log_level.upper())
+    return True
+
+
+def stream_fields(record: StreamRecord) -> dict[str, Any]:
+    """The fields of a finished stream's log line."""
+    return {
+        "stream_id": record.stream_id,
+        "route": record.route,
+        "method": record.method,
+        "path": record.path,
+        "status": record.status,
+        "dialect": record.dialect,
+        **record.meter.as_record(),
+    }
+
+
+#: What each field of the stream line means: the README's table of them is
+#: printed from this (``python -m streamwarden.observation.logs``) and a test holds both
+#: to :func:`stream_fields`.
+FIELD_DOCS: dict[str, str] = {
+    "stream_id": "the stream's id in this process (as in `GET /streams`)",
+    "route": "the matched route prefix (`/` when none)",
+    "method": "the request method",
+    "path": "the request path, without its query",
+    "status": "the response status",
+    "dialect": "the stream's wire format",
+    "end_state": "how the stream ended (one of the end states)",
+    "error_code": "the code of the error event written, if one was",
+    "upstream_reported_error": "the upstream sent an error inside the stream itself",
+    "ttft_s": "request to first content event written to the client",
+    "duration_s": "request to end of stream",
+    "events_in": "events read from the upstream",
+    "events_out": "events written to the client",
+    "bytes_in": "body bytes read from the upstream",
+    "bytes_out": "body bytes written to the client",
+    "content_events_in": "events that carried content, read",
+    "content_events_out": "events that carried content, written",
+    "tokens_generated": "tokens the upstream generated",
+    "tokens_delivered": "tokens written to the client",
+    "tokens_zombie": "tokens generated after the client had gone",
+    "tokens_method": "`usage` (the provider's final count) or `estimate`",
+    "tokens_source": "`provider`, `provider_partial` or `estimated` (the metrics' `source`)",
+    "inter_token_gap_max_s": "the longest gap between two content events written",
+    "inter_token_gap_mean_s": "the mean gap between content events written",
+    "keepalives": "keep-alive comments written",
+    "cancel_propagation_s": "client gone noticed to upstream closed",
+}
+
+
+def field_table() -> str:
+    """The README's table of the stream line's fields."""
+    rows = ["| field | what it is |", "|---|---|"]
+    rows += [f"| `{name}` | {what} |" for name, what in FIELD_DOCS.items()]
+    return "\n".join(rows) + "\n"
+
+
+def stream_logger() -> Callable[[StreamRecord], None]:
+    """A listener that logs each finished stream as one line."""
+    logger = logging.getLogger(STREAM_LOGGER)
+
+    def log_stream(record: StreamRecord) -> None:
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("stream finished", extra={"fields": stream_fields(record)})
+
+    return log_stream
+
+
+class RateLimitedWarnings:
+    """At most one warning line per reason per ``interval``; the rest are only counted.
+
+    A flood of slowloris or malformed connections must not become a flood
+    of log lines (the metric counts every one of them).
+    """
+
+    def __init__(self, interval: float = 10.0, logger: logging.Logger | None = None) -> None:
+        self._interval = interval
+        self._log = logger or logging.getLogger("streamwarden.proxy")
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warn(self, reason: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval:
+            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+            return
+        self._last[reason] = now
+        suppressed = self._suppressed.pop(reason, 0)
+        if suppressed:
+            message += " (%d more like it since the last such line)"
+            args = (*args, suppressed)
+        self._log.warning(message, *args)
+
+
+if __name__ == "__main__":
+    print(field_table(), end="")
