@@ -25,7 +25,10 @@ MAX_FACE_CLASS_LINES = 300
 TABLES: dict[tuple[str, str], str] = {
     ("cli.py", "_probe_parser"): "argparse: the probe's flags, as --help lists them",
     ("tools/mock/cli.py", "_parser"): "argparse: the mock upstream's flags, as --help lists them",
-    ("observation/metrics.py", "StreamMetrics.__init__"): "the metric families, one definition each",
+    (
+        "observation/metrics.py",
+        "StreamMetrics.__init__",
+    ): "the metric families, one definition each",
 }
 
 #: The faces' central classes, by module and name.

@@ -139,6 +139,7 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "client_write_timeout",
         "max_event_bytes",
         "max_concurrent_streams",
+        "early_headers_after",
         "dialect",
         "stream_media_types",
         "redact_headers",

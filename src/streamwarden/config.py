@@ -94,7 +94,6 @@ SIDECAR_ONLY = frozenset(
         "max_headers",
         "request_header_timeout",
         "drain_timeout",
-        "early_headers_after",
         "event_loop",
         "trusted_proxies",
         # The middleware sits in front of the app, not of the provider: the

@@ -19,6 +19,11 @@ A response is relayed as a stream when all of these hold:
   a compressed event stream is batched by the compressor, which is exactly
   what a stream must not be. Any other encoding (br, zstd) is passed through
   untouched, as a body that is not a stream.
+
+With early headers (``early_headers_after``) a face commits
+:data:`EARLY_PLAN` before its upstream (or app) answers; what answers later
+must then fit that head, and :func:`early_refusal` is the one rule, for
+both faces, of which answers cannot.
 """
 
 from __future__ import annotations
@@ -29,7 +34,15 @@ from typing import Literal
 
 from streamwarden.core.dialects import Framing, asks_for_stream, stream_framing
 
-__all__ = ["Encoding", "StreamPlan", "asks_for_stream", "plan_response", "response_encoding"]
+__all__ = [
+    "EARLY_PLAN",
+    "Encoding",
+    "StreamPlan",
+    "asks_for_stream",
+    "early_refusal",
+    "plan_response",
+    "response_encoding",
+]
 
 Encoding = Literal["identity", "gzip", "deflate"]
 
@@ -89,3 +102,31 @@ def plan_response(
     if encoding is None:
         return None
     return StreamPlan(framing, encoding, content_type)
+
+
+#: The plan of a head committed before the upstream answered (early headers):
+#: an event stream, uncompressed, its dialect left to the request's path.
+EARLY_PLAN = StreamPlan("sse", "identity", "text/event-stream; charset=utf-8")
+
+
+def early_refusal(
+    method: str,
+    status: int,
+    headers: Mapping[str, str],
+    extra_media_types: frozenset[str] = frozenset(),
+) -> str | None:
+    """Why a late answer cannot follow the committed :data:`EARLY_PLAN` head, or ``None``.
+
+    Only an uncompressed event stream with a status below 400 can: the
+    client already has ``200 text/event-stream``, so an error status, a body
+    that is not an event stream, or a compressed one (the stream was opened
+    with the committed plan, which inflates nothing) can only end the
+    stream with an error event, whose message this is. ``headers`` as for :func:`plan_response`.
+    """
+    answered = plan_response(method, status, headers, extra_media_types)
+    if status < 400 and answered is not None and answered.framing == "sse":
+        if answered.decoded:
+            return "the upstream answered with a compressed stream"
+        return None
+    kind = headers.get("content-type") or "no content type"
+    return f"the upstream answered HTTP {status} ({kind})"

@@ -44,8 +44,14 @@ Where it diverges from the sidecar, and why:
   ``log_format``, at ``log_level``) for the ``streamwarden`` loggers only if
   nothing in the process has set up Python logging, and it goes quiet once
   something does (:func:`streamwarden.observation.logs.log_unless_configured`).
+- ``early_headers_after`` counts from the moment the request's body has
+  been read (the app then awaits its provider), not from the moment it was
+  forwarded: the app is the upstream (:mod:`~streamwarden.middleware.early`).
+  Its answer is judged by the sidecar's rule
+  (:func:`streamwarden.core.plan.early_refusal`); one that is refused is
+  dropped and the app stopped, as the sidecar closes such an upstream.
 - The sidecar's own settings (listeners, upstream connection, parser
-  limits, drain, event loop, ``early_headers_after``) do nothing here; each
+  limits, drain, event loop) do nothing here; each
   one given as an option logs a warning
   (:data:`streamwarden.config.SIDECAR_ONLY`). ``max_concurrent_streams``
   works as in the sidecar: to look for ``"stream": true`` the middleware

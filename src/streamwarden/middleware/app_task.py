@@ -39,6 +39,11 @@ class AppTask:
         #: The middleware has cancelled the task (and not taken it back in send()).
         self.stop_requested = False
 
+    @property
+    def thinking(self) -> bool:
+        """The app runs, and has not been stopped: its response may still come."""
+        return self.running and not self.stop_requested
+
     def started(self) -> None:
         """The app is about to run, in the current task."""
         task = asyncio.current_task()

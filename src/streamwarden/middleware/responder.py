@@ -43,7 +43,10 @@ provider request is closed at once, as the sidecar closes its upstream
 request. Such a request ends without a stream record, as in the sidecar.
 Other requests are never watched before their response: stopping them
 could cut an app's work short, and watching would cost each of them a
-task.
+task. On a route with ``early_headers_after``, a watched request whose app
+has not started by then gets the stream opened and its head sent by the
+middleware (:mod:`~streamwarden.middleware.early`); the app's own start
+is then judged, not sent.
 
 How a stream ends (one end state each, recorded by the relay):
 
@@ -74,12 +77,13 @@ from typing import Any
 
 from streamwarden.core.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.core.inflate import Inflater
-from streamwarden.core.plan import StreamPlan, plan_response
+from streamwarden.core.plan import EARLY_PLAN, StreamPlan, plan_response
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.admission import Admission
 from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.body import AppBody
 from streamwarden.middleware.clock import StreamClock
+from streamwarden.middleware.early import EARLY_HEADERS, EARLY_START, EarlyAnswer, EarlyHead
 from streamwarden.middleware.inbox import Inbox
 from streamwarden.middleware.resume import scope_headers
 from streamwarden.middleware.streams import FaceContext
@@ -106,6 +110,7 @@ class StreamResponder:
         "_body",
         "_clock",
         "_context",
+        "_early",
         "_flow",
         "_inbox",
         "_loop",
@@ -136,10 +141,12 @@ class StreamResponder:
         self._flow: PipelineStream | None = None
         #: Its writes and its client (see the module docstring), its app's body, its timer.
         self._writer: ClientWriter | None = None
-        self._body: AppBody | None = None
+        self._body: AppBody | EarlyAnswer | None = None
         self._clock: StreamClock | None = None
         #: Watching for a disconnect before the response (see the module docstring).
         self._watching_early = False
+        #: With ``early_headers_after``: when our own head is due (middleware/early.py).
+        self._early: EarlyHead | None = None
         #: The request's OpenTelemetry spans, when telemetry is on.
         self._trace: Any = None
 
@@ -152,6 +159,8 @@ class StreamResponder:
         if not await admission.admit(
             self._context.settings.max_concurrent_streams, self._server_send
         ):
+            if self._early is not None:
+                self._early.cancel()  # refused: the app never runs
             return
         telemetry = self._context.telemetry
         token = None
@@ -172,6 +181,8 @@ class StreamResponder:
             raise
         finally:
             admission.release()
+            if self._early is not None:
+                self._early.cancel()
             if self._trace is not None:
                 self._trace.deactivate(token)
                 if self._phase is not _Phase.STREAMING:
@@ -231,6 +242,9 @@ class StreamResponder:
             return
         self._watching_early = True
         self._inbox.watch(self._client_left_before_start)
+        after = self._context.settings.for_path(self._scope.get("path") or "/").early_headers_after
+        if after > 0:
+            self._early = EarlyHead(after, self._start_early)
 
     def _client_left_before_start(self) -> None:
         """The client left while the app was still preparing its response."""
@@ -265,8 +279,12 @@ class StreamResponder:
         )
         return None if plan is None else (headers, plan)
 
+    async def _start_early(self) -> None:
+        """No ``http.response.start`` within ``early_headers_after``: ours goes first."""
+        await self._start_stream(EARLY_START, EARLY_HEADERS, EARLY_PLAN, early=True)
+
     async def _start_stream(
-        self, message: Message, headers: Mapping[str, str], plan: StreamPlan
+        self, message: Message, headers: Mapping[str, str], plan: StreamPlan, early: bool = False
     ) -> None:
         context = self._context
         scope = self._scope
@@ -275,6 +293,8 @@ class StreamResponder:
         loop = self._loop
         if route.resumable and context.resume is not None:
             await context.resume.ensure_started()  # the store's connection: I/O, ours
+        if early and (self._phase is not _Phase.WAITING or not self._app_task.thinking):
+            return  # the app started, returned or was stopped meanwhile
         self._status = int(message.get("status", 200))
         self._flow = flow = context.pipeline.open(
             StreamStart(
@@ -306,6 +326,9 @@ class StreamResponder:
         # (plan.py says why), a bounded step at a time.
         inflater = Inflater(plan.encoding) if plan.decoded else None
         self._writer, self._body = writer, AppBody(flow.relay, writer, self._app_task, inflater)
+        if early:  # the app's own start is still to come, and to be judged
+            extra = context.extra_media_types
+            self._body = EarlyAnswer(self._body, flow.relay, writer, self._app_task, scope, extra)
         self._clock = clock = StreamClock(flow, writer, self._app_task)
         writer.rearm_clock = clock.rearm
         context.streams.open(self)
@@ -314,7 +337,8 @@ class StreamResponder:
             drop_hop_by_hop(_decode(message)), drop_encoding=plan.decoded
         )
         start["headers"] = _encode(flow.head(headers_out))
-        await writer.send_head(start)
+        send_head = self._body.commit if isinstance(self._body, EarlyAnswer) else writer.send_head
+        await send_head(start)
         self._inbox.watch(writer.client_disconnected)
         clock.start()
 

@@ -7,7 +7,8 @@ cut connections that stay silent through a long prefill. The stream's
 dialect then comes from the path alone. The head is committed, so
 whatever the upstream answers later that is not an uncompressed event
 stream (an HTTP error, another type) can only end the stream with an
-error event (:func:`_refusal` says which answers those are).
+error event (:func:`~streamwarden.core.plan.early_refusal`, both faces' rule,
+says which answers those are).
 """
 
 from __future__ import annotations
@@ -18,16 +19,13 @@ from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
 from streamwarden.core.headers import stream_response_headers
-from streamwarden.core.plan import StreamPlan, plan_response
+from streamwarden.core.plan import EARLY_PLAN, early_refusal
 from streamwarden.net.upstream import Exchange, ResponseHead
 from streamwarden.observation.register import Slot
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.streaming import Streaming, head_response
 
 __all__ = ["relay_early"]
-
-#: The head committed before the upstream answers.
-_COMMITTED = "text/event-stream; charset=utf-8"
 
 
 async def relay_early(
@@ -40,13 +38,13 @@ async def relay_early(
     extra_types: frozenset[str],
 ) -> web.StreamResponse:
     """Commit ``200 text/event-stream`` before the upstream answers, and relay what it does."""
-    committed = {"Content-Type": _COMMITTED}
-    plan = StreamPlan("sse", "identity", _COMMITTED)
+    plan = EARLY_PLAN
+    committed = {"Content-Type": plan.content_type or ""}
     stream, flow = streaming.open(request, route, started, plan, 200, committed)
     response = head_response(200, None, stream_response_headers(committed.items()), flow)
 
     def refusal(head: ResponseHead) -> str | None:
-        return _refusal(request.method, head, extra_types)
+        return early_refusal(request.method, head.status, head.headers, extra_types)
 
     async def drive(driver: StreamDriver) -> None:
         await driver.run_early(opening, refusal)
@@ -59,14 +57,3 @@ async def relay_early(
 
     await streaming.run(request, response, stream, flow, slot, drive, settle_opening)
     return response
-
-
-def _refusal(method: str, head: ResponseHead, extra_types: frozenset[str]) -> str | None:
-    """Why the upstream's late answer cannot follow the committed head, or ``None`` if it can."""
-    answered = plan_response(method, head.status, head.headers, extra_types)
-    if head.status < 400 and answered is not None and answered.framing == "sse":
-        if answered.decoded:
-            return "the upstream answered with a compressed stream"
-        return None
-    kind = head.headers.get("Content-Type", "no content type")
-    return f"the upstream answered HTTP {head.status} ({kind})"
