@@ -35,6 +35,7 @@ COMPILED = [
     "streamwarden/meter.py",
     "streamwarden/inflate.py",
     "streamwarden/relay.py",
+    "streamwarden/toolcalls.py",
     "streamwarden/dialects/__init__.py",
     "streamwarden/dialects/base.py",
     "streamwarden/dialects/anthropic.py",
