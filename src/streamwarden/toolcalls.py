@@ -295,10 +295,9 @@ class ToolCalls:
 
     def cut_whole(self, call_id: str, name: str, size: int) -> ToolCall:
         """A call the stream was cut inside of before it reached the relay whole (Gemini)."""
-        call = self._new(call_id, name, 0)
+        call = self._new(label(call_id), label(name), 0)
         call.size = size
-        call.parts = None
-        call.end_state = TRUNCATED
+        self._end(call, TRUNCATED)
         return call
 
     def counts(self) -> dict[str, int]:
