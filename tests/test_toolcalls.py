@@ -136,6 +136,25 @@ def test_done_closes_the_calls_a_server_never_finished() -> None:
     assert last_error(CHAT, out)[0] == "tool_call_invalid" and b"[DONE]" not in out
 
 
+def test_a_server_that_numbers_every_call_0_gets_each_call_checked_on_its_own() -> None:
+    data = chat(
+        delta(0, [opened(0, "call_a", '{"a": 1}')]),
+        delta(0, [opened(0, "call_b", '{"b": 2}')]),
+        finish(0),
+    )
+    relay, out = run(CHAT, data)
+    assert out == data and relay.end_state is EndState.COMPLETED
+    calls = relay.meter.as_record()["tool_calls"]
+    assert [(c["id"], c["end_state"]) for c in calls] == [
+        ("call_a", "complete"),
+        ("call_b", "complete"),
+    ]
+    broken = chat(delta(0, [opened(0, "call_a", '{"a": ')]), delta(0, [opened(0, "call_b")]))
+    relay, out = run(CHAT, broken)
+    code, message = last_error(CHAT, out)
+    assert code == "tool_call_invalid" and "call_a" in message
+
+
 def test_empty_arguments_are_no_arguments_and_non_objects_are_broken() -> None:
     relay, out = run(CHAT, chat(delta(0, [opened(0, "call_a")]), finish(0)))
     assert relay.end_state is EndState.COMPLETED

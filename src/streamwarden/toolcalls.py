@@ -320,6 +320,13 @@ class ToolCalls:
 
     def _opened(self, step: ToolStep) -> ToolCall | None:
         call = self._open.get(step.key)
+        if call is not None and step.call_id and call.call_id and step.call_id != call.call_id:
+            # Another call in the same place (a server that numbers every call 0):
+            # the one before it ended there.
+            broken = self._close(step.key)
+            if broken is not None:
+                return broken
+            call = None
         if call is None:
             call = self._new(step.call_id, step.name, step.scope)
             self._open[step.key] = call

@@ -12,7 +12,8 @@ by choice and ``index`` (the id and name on the first, argument fragments
 after; calls of one choice may interleave), and the legacy
 ``delta.function_call``. A choice's calls close when its ``finish_reason``
 arrives (whatever it is: ``length`` cut mid-arguments is a broken call), or
-with ``[DONE]``.
+with ``[DONE]``; a call also ends where another ``id`` takes its ``index``
+(some servers number every call 0).
 
 openai-python raises ``APIError`` on any event whose JSON data has a truthy
 ``error`` object, so that is the shape of the synthesized error.
