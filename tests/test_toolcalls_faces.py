@@ -189,6 +189,28 @@ async def test_the_middleware_names_a_cut_or_broken_call_in_every_dialect(
         assert counted(guarded.metrics.render().decode()) == EXPECTED_COUNTS
 
 
+async def test_both_faces_hold_no_more_arguments_than_max_tool_arguments_bytes(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    stream = STREAMS[0]
+    path = f"{stream.mock_path}?tool-call=1&tokens=200&tps=0&ttft=0"
+    sidecar = await start_sidecar(mock.url, max_tool_arguments_bytes="1KiB")
+    guarded = StreamWardenMiddleware(relaying(mock.url), max_tool_arguments_bytes=1024)
+    async with serve_in_process(guarded) as base, httpx.AsyncClient(timeout=10) as client:
+        whole = await client.post(mock.url + path, json=stream.request_body())
+        assert is_arguments(arguments_in(stream, stream.decode(whole.content)))
+        for face in (sidecar.proxy_url, base):
+            answer = await client.post(face + path, json=stream.request_body())
+            events = stream.decode(answer.content)
+            code, message = error_of(stream, events[-1])
+            assert code == "tool_call_too_large" and "1024 bytes" in message, message
+            assert len(arguments_in(stream, events)) <= 1024
+        await wait_for(lambda: len(guarded.streams.finished) == 1)
+    await wait_for(lambda: len(sidecar.tracker.finished) == 1)
+    for record in (sidecar.tracker.finished[0], guarded.streams.finished[0]):
+        assert record.meter.end_state is EndState.LIMIT_EXCEEDED
+
+
 # -- the span ---------------------------------------------------------------------------
 
 
