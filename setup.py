@@ -35,6 +35,7 @@ COMPILED = [
     "streamwarden/core/meter.py",
     "streamwarden/core/inflate.py",
     "streamwarden/core/relay.py",
+    "streamwarden/core/toolcalls.py",
     "streamwarden/core/dialects/__init__.py",
     "streamwarden/core/dialects/base.py",
     "streamwarden/core/dialects/anthropic.py",

@@ -138,6 +138,8 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "max_stream_duration",
         "client_write_timeout",
         "max_event_bytes",
+        # tests/test_toolcalls_faces.py: the tool calls' arguments held, both faces.
+        "max_tool_arguments_bytes",
         "max_concurrent_streams",
         "early_headers_after",
         "dialect",

@@ -477,7 +477,7 @@ async def test_bad_controls_are_refused_with_one_clear_message(
         ),
         ("/api/chat?fault=keepalive-pings", {}, "needs a server-sent events stream"),
         (
-            "/v1beta/models/g:streamGenerateContent?alt=sse&tool-call=1",
+            "/api/chat?tool-call=1",
             {},
             "tool-call is supported",
         ),
@@ -762,6 +762,7 @@ async def test_every_fault_has_a_documented_name() -> None:
             "garbage",
             "error-status",
             "keepalive-pings",
+            "broken-tool-call",
         ]
     )
 

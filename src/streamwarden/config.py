@@ -353,6 +353,7 @@ class RouteSettings(BaseModel):
     max_stream_duration: Duration | None = None
     client_write_timeout: Duration | None = None
     max_event_bytes: Size | None = None
+    max_tool_arguments_bytes: Size | None = None
     dialect: DialectName | None = None
     early_headers_after: Duration | None = None
     on_client_gone: ClientGonePolicy | None = None
@@ -397,6 +398,10 @@ class Settings(BaseModel):
     client_write_timeout: Duration = 30.0
     #: Largest raw size of one event.
     max_event_bytes: Size = 8 * 1024 * 1024
+    #: Most bytes of tool-call arguments held at once per stream, to check
+    #: each call's arguments whole at its close (the calls open together;
+    #: each counts 256 bytes more): past it, ``tool_call_too_large``.
+    max_tool_arguments_bytes: Size = 1024 * 1024
     #: Largest request body forwarded upstream.
     max_request_body_bytes: Size = 64 * 1024 * 1024
     #: Longest request line (method, target, version) before a 414.
@@ -506,6 +511,7 @@ class Settings(BaseModel):
                 upstream_idle_timeout=pick("upstream_idle_timeout"),
                 max_stream_duration=pick("max_stream_duration"),
                 max_event_bytes=pick("max_event_bytes"),
+                max_tool_arguments_bytes=pick("max_tool_arguments_bytes"),
             ),
             client_write_timeout=pick("client_write_timeout"),
             early_headers_after=pick("early_headers_after"),

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from streamwarden.core.filters import FilterStats
+    from streamwarden.core.toolcalls import ToolCalls
 
 __all__ = ["EndState", "StreamMeter", "StreamRecord", "estimate_tokens"]
 
@@ -98,6 +99,7 @@ class StreamMeter:
         "input_tokens",
         "keepalives",
         "started_at",
+        "tool_calls",
         "upstream_reported_error",
         "usage_final",
         "usage_tokens",
@@ -139,6 +141,8 @@ class StreamMeter:
         self._gap_observer = gap_observer
         #: What the route's output filters did (``None``: the route has none).
         self.filters: FilterStats | None = None
+        #: The stream's tool calls (``None``: it had none).
+        self.tool_calls: ToolCalls | None = None
 
     def content(self, text: str, now: float, *, delivered: bool) -> None:
         """Count one content event, delivered to the client or arrived too late."""
@@ -255,6 +259,7 @@ class StreamMeter:
             else None,
             "keepalives": self.keepalives,
             "cancel_propagation_s": _round(self.cancel_propagation),
+            "tool_calls": None if self.tool_calls is None else self.tool_calls.record(),
         }
 
 

@@ -30,6 +30,16 @@ gets them, when it gets them. A summary event that repeats whole texts
 (the Responses API's ``*.done`` events) has each of them filtered on its
 own, in one piece, never as more of the stream's text. A route without
 filters takes none of this path.
+
+Tool calls (:mod:`streamwarden.core.toolcalls`): what a dialect reads of its
+tool calls is followed to each call's close. A close whose arguments are
+not a JSON object is replaced by ``tool_call_invalid`` (it is checked
+before it is written: nothing after it reaches the client), and arguments
+held past ``max_tool_arguments_bytes`` end the stream ``tool_call_too_large``
+in place of the event that went over. A stream that ends for any other
+reason while a call is open says ``tool_call_truncated`` instead of its
+own code (its end state stays its own), and names the call. An output
+filter's ``content_blocked`` keeps its code.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from streamwarden.core.journal import Journal, strip_ids
 from streamwarden.core.meter import EndState, GapObserver, StreamMeter
 from streamwarden.core.refusals import refusal_body
 from streamwarden.core.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
+from streamwarden.core.toolcalls import INVALID, TOO_LARGE, ToolCall, ToolCalls, starts_calls
 from streamwarden.core.usage import HabitWatch, TakeBack, UsageRole, without_usage_null
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
@@ -71,6 +82,10 @@ class ErrorCode(StrEnum):
     EVENT_TOO_LARGE = "event_too_large"
     SHUTTING_DOWN = "shutting_down"
     CONTENT_BLOCKED = "content_blocked"
+    # A tool call's arguments: cut, closed broken, over max_tool_arguments_bytes.
+    TOOL_CALL_TRUNCATED = "tool_call_truncated"
+    TOOL_CALL_INVALID = "tool_call_invalid"
+    TOOL_CALL_TOO_LARGE = "tool_call_too_large"
     # Answers to a resume (no stream is relayed: see streamwarden.features.resume.model).
     RESUME_EXPIRED = "resume_expired"
     RESUME_GAP = "resume_gap"
@@ -98,7 +113,21 @@ _ENDINGS: dict[ErrorCode, tuple[EndState, str]] = {
     ),
     ErrorCode.SHUTTING_DOWN: (EndState.SHUTDOWN, "the proxy is shutting down"),
     ErrorCode.CONTENT_BLOCKED: (EndState.BLOCKED, "an output filter blocked the answer"),
+    # (Their reasons name the call: see _tool_failure and _inside_call.)
+    ErrorCode.TOOL_CALL_TRUNCATED: (EndState.UPSTREAM_TRUNCATED, "a tool call was cut"),
+    ErrorCode.TOOL_CALL_INVALID: (EndState.UPSTREAM_ERROR, "a tool call was closed broken"),
+    ErrorCode.TOOL_CALL_TOO_LARGE: (EndState.LIMIT_EXCEEDED, "a tool call was too large"),
 }
+# The codes a call still open turns into tool_call_truncated: every ending but
+# a filter's block (which says more) and the tool calls' own.
+_KEEP_CODE = frozenset(
+    {
+        ErrorCode.CONTENT_BLOCKED,
+        ErrorCode.TOOL_CALL_TRUNCATED,
+        ErrorCode.TOOL_CALL_INVALID,
+        ErrorCode.TOOL_CALL_TOO_LARGE,
+    }
+)
 # What a resumed client is told of a stream whose end wrote no error event.
 _SEALS: dict[EndState, tuple[ErrorCode, str]] = {
     EndState.DETACHED_EXPIRED: (
@@ -127,6 +156,8 @@ class Limits:
     max_stream_duration: float
     #: Largest raw size of one event block (or line) in bytes.
     max_event_bytes: int
+    #: Most bytes of tool-call arguments held at once (see :mod:`streamwarden.core.toolcalls`).
+    max_tool_arguments_bytes: int = 1024 * 1024
 
 
 class Relay:
@@ -149,6 +180,7 @@ class Relay:
         "_take_usage_chunk",
         "_take_usage_null",
         "_terminal_seen",
+        "_tools",
         "_unwritable",
         "_usage_watch",
         "journal",
@@ -204,6 +236,8 @@ class Relay:
         #: The route's output filters, and this stream's matcher (None: no filters).
         self._filters = filters
         self._holdback: Holdback[_Waiting] | None = None
+        #: The stream's tool calls, from the first step of one (None: none yet).
+        self._tools: ToolCalls | None = None
         #: An event the filters changed could not be written again (hostile
         #: data: a lone surrogate, nesting past the parser): fail closed.
         self._unwritable = False
@@ -229,6 +263,15 @@ class Relay:
     @property
     def framing(self) -> Framing:
         return self._framing
+
+    def open_tool_calls(self) -> list[dict[str, object]]:
+        """The tool calls open now (id, name, bytes of arguments so far): for ``/streams``."""
+        tools = self._tools
+        if tools is None:
+            return []
+        return [
+            {"id": c.call_id, "name": c.name, "arguments_bytes": c.size} for c in tools.open_calls
+        ]
 
     @property
     def last_write(self) -> float:
@@ -285,12 +328,16 @@ class Relay:
             return b""
         # A block or line cut before its terminator is a truncation in any dialect.
         partial = self._framer.pending_bytes > 0
-        self._framer.close()  # the partial block or line is dropped, never forwarded
         # What waited on the filters is decided on the text as it stands, and goes first.
         if self._holdback is None:
-            return self._upstream_ended(partial, now)
-        flushed = self._flush_filters(now)
-        return flushed if self.done else flushed + self._upstream_ended(partial, now)
+            out = self._upstream_ended(partial, now)
+        else:
+            flushed = self._flush_filters(now)
+            out = flushed if self.done else flushed + self._upstream_ended(partial, now)
+        # The partial block or line is dropped, never forwarded (only after the
+        # ending was decided: a tool call cut inside it is named from its bytes).
+        self._framer.close()
+        return out
 
     def _upstream_ended(self, partial: bool, now: float) -> bytes:
         meter = self.meter
@@ -468,7 +515,8 @@ class Relay:
         delivered = not self._client_gone
         events = 0
         hidden: list[Frame] | None = None
-        for frame in frames:
+        broken: ToolCall | None = None
+        for position, frame in enumerate(frames):
             event = frame.event
             if event is None:
                 continue
@@ -476,6 +524,11 @@ class Relay:
             seen = self._inspect(frame, event, now)
             if seen is NOTHING:
                 continue
+            if seen.calls is not None or seen.terminal:
+                broken = self._follow_calls(seen)
+                if broken is not None:  # it and what follows it never go out
+                    frames = frames[:position]
+                    break
             if seen.usage_only and self._take_usage_chunk:
                 hidden = [frame] if hidden is None else [*hidden, frame]
             if seen.text:
@@ -490,13 +543,14 @@ class Relay:
             if seen.error:
                 meter.upstream_reported_error = True
         meter.events_in += events
+        if broken is not None:
+            events -= 1
         if hidden is not None or self._take_usage_null:
             frames = _as_sent_without_injection(frames, hidden, self._take_usage_null)
             if hidden:
                 events -= len(hidden)
-            if not frames:
-                return b""
-        return self._emit(frames, events, now)
+        out = self._emit(frames, events, now) if frames else b""
+        return out if broken is None else out + self._tool_failure(broken, now)
 
     def _inspect(self, frame: Frame, event: Event, now: float) -> Observation:
         """What the dialect reads in an event, after the first one settled which dialect it is.
@@ -551,6 +605,7 @@ class Relay:
         events = 0  # of the frames in out
         arrived = 0
         blocked_by: FilterRule | None = None  # a block match in a whole text
+        broken: ToolCall | None = None
         for frame in frames:
             event = frame.event
             if event is None:  # a comment or a stray line: it keeps its place
@@ -562,13 +617,12 @@ class Relay:
                 continue
             arrived += 1
             seen = self._inspect(frame, event, now)
-            if seen is not NOTHING:
-                if seen.output_tokens is not None:
-                    meter.usage_tokens = seen.output_tokens
-                if seen.input_tokens is not None:
-                    meter.input_tokens = seen.input_tokens
-                if seen.usage_only and take_chunk:
-                    continue  # the client never asked for it: never held, never sent
+            if seen.calls is not None or seen.terminal:
+                broken = self._follow_calls(seen)
+                if broken is not None:  # it and what follows it never go out
+                    break
+            if seen is not NOTHING and self._usage_read(seen, take_chunk):
+                continue  # the client never asked for it: never held, never sent
             if take_null:
                 frame, event = _frame_without_usage_null(frame, event)
             screened = self._screened(frame, event, seen)
@@ -591,11 +645,69 @@ class Relay:
                 break
         meter.events_in += arrived
         written = self._emit(out, events, now) if out else b""
+        if broken is not None:
+            return written + self._tool_failure(broken, now)
         if blocked_by is not None:
             return written + self._block(now, blocked_by)
         if holdback.blocked is not None or holdback.overflow or self._unwritable:
             return written + self._block(now)
         return written
+
+    def _usage_read(self, seen: Observation, take_chunk: bool) -> bool:
+        """Meter an event's usage; whether it is the usage chunk to take back."""
+        meter = self.meter
+        if seen.output_tokens is not None:
+            meter.usage_tokens = seen.output_tokens
+        if seen.input_tokens is not None:
+            meter.input_tokens = seen.input_tokens
+        return seen.usage_only and take_chunk
+
+    def _follow_calls(self, seen: Observation) -> ToolCall | None:
+        """What an event says of tool calls (a terminal closes them all); the call it broke."""
+        tools = self._tools
+        steps = seen.calls
+        if tools is None:
+            if steps is None or not starts_calls(steps):
+                return None  # a text block's stop, a choice's finish: no call yet
+            tools = self._tools = ToolCalls(self._limits.max_tool_arguments_bytes)
+            self.meter.tool_calls = tools
+        if steps is not None:
+            broken = tools.follow(steps)
+            if broken is not None:
+                return broken
+        return tools.finish_all() if seen.terminal else None
+
+    def _tool_failure(self, call: ToolCall, now: float) -> bytes:
+        """End the stream in place of the event that broke ``call``: invalid, or too large."""
+        if call.end_state == TOO_LARGE:
+            limit = self._limits.max_tool_arguments_bytes
+            reason = (
+                f"the arguments held for the stream's open tool calls exceeded {limit} bytes"
+                f" (max_tool_arguments_bytes) at {call.describe()}"
+            )
+            return self._fail(ErrorCode.TOOL_CALL_TOO_LARGE, now, reason)
+        assert call.end_state == INVALID
+        reason = (
+            f"the upstream closed {call.describe()} with arguments that are not a whole JSON"
+            f" object ({call.size} bytes)"
+        )
+        return self._fail(ErrorCode.TOOL_CALL_INVALID, now, reason)
+
+    def _inside_call(self) -> str | None:
+        """The tool call a cut now falls inside, as a message names it, if any."""
+        tools = self._tools
+        call = tools.open_call() if tools is not None else None
+        framer = self._framer
+        if call is None and self._dialect.calls_arrive_whole and framer.pending_bytes:
+            cut = self._dialect.call_in_cut(framer.held())
+            if cut is not None:
+                if tools is None:
+                    tools = self._tools = ToolCalls(self._limits.max_tool_arguments_bytes)
+                    self.meter.tool_calls = tools
+                call = tools.cut_whole(*cut)
+        if call is None:
+            return None
+        return f"inside {call.describe()}, with {call.size} bytes of its arguments received"
 
     def _screened(self, frame: Frame, event: Event, seen: Observation) -> Frame | FilterRule | None:
         """The event as it goes into the hold-back, or the rule of a ``block`` match in it.
@@ -619,7 +731,7 @@ class Relay:
             frame = whole
             event = whole.event or event
         if (
-            seen is NOTHING
+            _reads_no_text(seen)
             and event.data
             and (filters.tool_arguments or not dialect.carries_tool_arguments(event))
         ):
@@ -769,6 +881,11 @@ class Relay:
             duration=limits.max_stream_duration,
             event_bytes=limits.max_event_bytes,
         )
+        if code not in _KEEP_CODE:
+            inside = self._inside_call()
+            if inside is not None:  # the code says what it cut; the end state, why
+                code = ErrorCode.TOOL_CALL_TRUNCATED
+                reason = f"{reason}, {inside}"
         self.meter.end(state, now, code)
         error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
         if self.journal is not None and self._framing == "sse":
@@ -778,6 +895,24 @@ class Relay:
             return b""
         self.meter.bytes_out += len(error)
         return error
+
+
+def _reads_no_text(seen: Observation) -> bool:
+    """Whether the dialect read nothing of an event's text (the filters search it whole).
+
+    An event it reads only tool-call steps in (a block's start or stop, a
+    choice's finish) counts as one it reads nothing in, as it did before
+    the dialects followed tool calls.
+    """
+    if seen is NOTHING:
+        return True
+    return (
+        seen.calls is not None
+        and not seen.text
+        and seen.output_tokens is None
+        and seen.input_tokens is None
+        and not (seen.terminal or seen.error or seen.usage_only)
+    )
 
 
 #: An event in the filters' hold-back: its frame, the text parts the filters

@@ -200,6 +200,10 @@ class SSEFramer:
         """How many bytes of an incomplete block are held back."""
         return len(self._buf)
 
+    def held(self) -> bytes:
+        """A copy of the incomplete block's bytes (what a cut now would drop)."""
+        return bytes(self._buf)
+
     def feed(self, chunk: bytes) -> list[Frame]:
         """Consume ``chunk`` and return the frames it completed."""
         if self._failed:
@@ -601,6 +605,10 @@ class LineFramer:
     @property
     def pending_bytes(self) -> int:
         return len(self._buf)
+
+    def held(self) -> bytes:
+        """A copy of the unfinished line's bytes (what a cut now would drop)."""
+        return bytes(self._buf)
 
     def feed(self, chunk: bytes) -> list[Frame]:
         if self._failed:

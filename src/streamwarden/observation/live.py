@@ -2,7 +2,7 @@
 
 One entry per open stream (its id, route, dialect, age, time to first
 token, events and tokens so far, time since the last write to the client,
-and the client's state), and the end states of the streams that finished
+the client's state, and the tool calls open in it), and the end states of the streams that finished
 in the last minute: what an operator looks at first when "streams hang".
 """
 
@@ -45,6 +45,8 @@ def stream_view(
         "tokens": meter.tokens_generated,
         "since_last_write_s": round(now - relay.last_write, 3),
         "client": client_state(relay, paused),
+        # The calls still open: a stream that hangs inside one says which.
+        "tool_calls_open": relay.open_tool_calls(),
     }
 
 

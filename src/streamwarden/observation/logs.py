@@ -162,6 +162,9 @@ FIELD_DOCS: dict[str, str] = {
     "inter_token_gap_mean_s": "the mean gap between content events written",
     "keepalives": "keep-alive comments written",
     "cancel_propagation_s": "client gone noticed to upstream closed",
+    "tool_calls": "the stream's tool calls, the first 16 (`id`, `name`, `end_state`:"
+    " `complete`, `truncated`, `invalid` or `too_large`, `arguments_bytes`; never the"
+    " arguments), or none",
 }
 
 

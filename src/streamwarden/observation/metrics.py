@@ -169,6 +169,13 @@ class StreamMetrics:
             ["code"],
             registry=r,
         )
+        self.tool_calls = Counter(
+            "streamwarden_tool_calls",
+            "Tool calls followed to their end, by dialect and end state (complete, truncated,"
+            " invalid, too_large).",
+            ["dialect", "end_state"],
+            registry=r,
+        )
 
         self.refused = Counter(
             "streamwarden_refused_connections",
@@ -307,6 +314,10 @@ class StreamMetrics:
             self.keepalives.inc(meter.keepalives)
         if meter.error_code is not None:
             self.synthesized.labels(meter.error_code).inc()
+        calls = meter.tool_calls
+        if calls is not None:
+            for state, count in calls.counts().items():
+                self.tool_calls.labels(dialect, state).inc(count)
         filters = meter.filters
         if filters is not None:
             for (name, action), count in filters.matches.items():

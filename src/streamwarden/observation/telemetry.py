@@ -83,6 +83,10 @@ ATTRIBUTES: dict[str, str] = {
     "streamwarden.keepalives": "keep-alive comments written",
     "streamwarden.cancel_propagation_s": "client gone noticed to upstream closed",
     "streamwarden.detached": "the client left and the stream ran on for a resume",
+    "streamwarden.tool_calls.ids": "the stream's tool calls' ids, the first 16 (only with calls)",
+    "streamwarden.tool_calls.names": "their names, in the same order",
+    "streamwarden.tool_calls.end_states": "how each ended: `complete`, `truncated`, `invalid`"
+    " or `too_large`",
 }
 
 _PROVIDERS = {
@@ -418,6 +422,11 @@ class Telemetry:
             attributes["streamwarden.cancel_propagation_s"] = meter.cancel_propagation
         if meter.end_state is EndState.DETACHED_EXPIRED:
             attributes["streamwarden.detached"] = True
+        if meter.tool_calls is not None:
+            calls = meter.tool_calls.record()
+            attributes["streamwarden.tool_calls.ids"] = [c["id"] for c in calls]
+            attributes["streamwarden.tool_calls.names"] = [c["name"] for c in calls]
+            attributes["streamwarden.tool_calls.end_states"] = [c["end_state"] for c in calls]
         return attributes
 
     def _record_metrics(self, record: StreamRecord, attributes: Mapping[str, Any]) -> None:

@@ -99,7 +99,10 @@ class Pipeline(Generic[S]):
         """A new stream: its stages picked, its relay built, and the stages acting on it."""
         planned = tuple(stage for stage in self.stages if stage.wanted(start))
         route, plan = start.route, start.plan
-        options = RelayOptions(max_event_bytes=route.limits.max_event_bytes)
+        options = RelayOptions(
+            max_event_bytes=route.limits.max_event_bytes,
+            max_tool_arguments_bytes=route.limits.max_tool_arguments_bytes,
+        )
         for stage in planned:
             stage.configure(start, options)
         relay = Relay(

@@ -94,6 +94,8 @@ class RelayOptions:
 
     #: Not a stage's: every buffer has its bound, whatever is planned.
     max_event_bytes: int
+    #: Likewise: the tool calls' arguments held, bounded on every stream.
+    max_tool_arguments_bytes: int = 1024 * 1024
     #: The rest is "off" by default: a stage that is not planned adds nothing.
     keepalive_interval: float = 0.0
     upstream_idle_timeout: float = 0.0
@@ -108,6 +110,7 @@ class RelayOptions:
             self.upstream_idle_timeout,
             self.max_stream_duration,
             self.max_event_bytes,
+            self.max_tool_arguments_bytes,
         )
 
 

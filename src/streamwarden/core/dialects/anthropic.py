@@ -9,6 +9,11 @@ anthropic-python dispatches on the event name alone: it raises
 ``APIStatusError`` for ``event: error`` and skips events without a name, so
 a bare ``data: {"error": ...}`` would be ignored. The synthesized error is
 therefore a named ``error`` event in the API's own error envelope.
+
+Tool calls (:mod:`streamwarden.core.toolcalls`): a ``content_block_start`` whose
+block is a ``tool_use`` (or ``server_tool_use``, ``mcp_tool_use``) opens one,
+by block index; its ``input_json_delta`` fragments are its arguments (none
+at all: ``{}``); its ``content_block_stop`` closes it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from streamwarden.core.dialects.base import (
     sse_block,
 )
 from streamwarden.core.sse import Event
+from streamwarden.core.toolcalls import arguments_step, close_step, open_step
 
 _DELTA_TEXT = {
     "text_delta": "text",
@@ -59,8 +65,15 @@ class Anthropic(Dialect):
                 field = _DELTA_TEXT.get(str(delta.get("type")))
                 text = delta.get(field) if field else None
                 if isinstance(text, str) and text:
-                    return Observation(text=text, tools=field == "partial_json")
+                    if field != "partial_json":
+                        return Observation(text=text)
+                    assert isinstance(obj, dict)
+                    steps = [arguments_step(_block(obj), text)]
+                    return Observation(text=text, tools=True, calls=steps)
             return NOTHING
+        if kind == "content_block_start" or kind == "content_block_stop":
+            obj = obj if obj is not None else load_json(event.data)
+            return _block_edge(kind, obj)
         if kind == "message_stop":
             return TERMINAL
         if kind == "message_delta" or kind == "message_start":
@@ -100,3 +113,21 @@ class Anthropic(Dialect):
     @classmethod
     def sniff(cls, event: Event) -> bool:
         return event.event == "message_start"
+
+
+def _block(obj: dict[str, Any]) -> int:
+    """A content block's index (-1 when it has none: still one key)."""
+    index = obj.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else -1
+
+
+def _block_edge(kind: str, obj: Any) -> Observation:
+    """A block starts or stops: a tool call's, it opens or closes."""
+    if not isinstance(obj, dict):
+        return NOTHING
+    if kind == "content_block_stop":
+        return Observation(calls=[close_step(_block(obj))])
+    block = obj.get("content_block")
+    if not isinstance(block, dict) or not str(block.get("type")).endswith("tool_use"):
+        return NOTHING
+    return Observation(calls=[open_step(_block(obj), block.get("id"), block.get("name"))])

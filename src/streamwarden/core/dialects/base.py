@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from streamwarden.core.dialects.raw import RawText as RawText
 from streamwarden.core.sse import Event
+from streamwarden.core.toolcalls import ToolStep
 
 Framing = Literal["sse", "lines"]
 
@@ -52,6 +53,10 @@ class Observation:
     #: event themselves (:meth:`Dialect.filter_text`); for any other event
     #: ``text`` is exactly the text they read, in the same order.
     tools: bool
+    #: What the event says of tool calls (one opens, its arguments grow, it
+    #: closes), in order, for the relay's :class:`~streamwarden.core.toolcalls.ToolCalls`;
+    #: ``None``: nothing (most events).
+    calls: list[ToolStep] | None
 
     def __init__(
         self,
@@ -62,6 +67,7 @@ class Observation:
         error: bool = False,
         usage_only: bool = False,
         tools: bool = False,
+        calls: list[ToolStep] | None = None,
     ) -> None:
         self.text = text
         self.output_tokens = output_tokens
@@ -70,6 +76,7 @@ class Observation:
         self.error = error
         self.usage_only = usage_only
         self.tools = tools
+        self.calls = calls
 
 
 #: The observation for events that mean nothing to the relay (pings,
@@ -144,6 +151,18 @@ class Dialect:
     def inspect(self, event: Event) -> Observation:
         """Classify one decoded event."""
         raise NotImplementedError
+
+    #: Tool calls arrive whole, in one event (Gemini's ``functionCall``): a
+    #: cut inside that event is a cut inside the call (:meth:`call_in_cut`).
+    calls_arrive_whole: ClassVar[bool] = False
+
+    def call_in_cut(self, block: bytes) -> tuple[str, str, int] | None:
+        """The tool call (id, name, bytes of it received) in an event the stream was cut inside.
+
+        Only for a dialect whose :attr:`calls_arrive_whole`; ``block`` is
+        the unfinished event's raw bytes.
+        """
+        return None
 
     def error_event(self, code: str, message: str) -> bytes:
         """The bytes of an error event that this format's clients raise on."""

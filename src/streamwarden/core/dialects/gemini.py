@@ -8,6 +8,25 @@ arguments are a JSON object, not text), cumulative
 carries a ``finishReason``; there is no separate terminal event, so that
 chunk is the terminal one.
 
+Tool calls (:mod:`streamwarden.core.toolcalls`). The Gemini API sends each
+``functionCall`` part whole, its ``args`` an object, inside one event; the
+relay forwards only whole events, so no client is ever handed part of one.
+"A cut inside a call" therefore means, for Gemini:
+
+- a cut inside the event that carries a ``functionCall`` part (the dropped,
+  unfinished event visibly holds one): the client gets none of the call,
+  and the error names it (``tool_call_truncated``, its name and the bytes
+  of the event that came);
+- Vertex AI's streamed arguments (``streamFunctionCallArguments``): a
+  ``functionCall`` with ``willContinue: true`` opens a call on its
+  candidate, its ``partialArgs`` follow in later parts, and the part
+  without ``willContinue`` closes it; a stream that ends between them is
+  cut inside the call. A candidate whose ``finishReason`` comes while its
+  call still said ``willContinue`` closed it unfinished: ``tool_call_invalid``.
+
+A whole ``functionCall`` whose ``args`` is there but not an object is
+``tool_call_invalid`` too (no ``args``: a function without parameters).
+
 The synthesized error is Google's own error object, as the API streams it
 when it fails mid-answer: ``{"error": {"code": <HTTP status>, "message":
 ..., "status": <google.rpc.Code name>, "details": [...]}}``. ``code`` must
@@ -48,12 +67,16 @@ resume_unavailable 503  UNAVAILABLE         the resume store is down: retry
 content_blocked    400  FAILED_PRECONDITION an output filter stopped the answer:
                                             the same request would be stopped
                                             again, so not a retryable 5xx
+tool_call_*        500  INTERNAL            the upstream broke a tool call (cut
+                                            inside it, closed it unfinished) or
+                                            sent one over the proxy's limit
 (any other)        500  INTERNAL
 ================== ==== =================== =====================================
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from streamwarden.core.dialects.base import (
@@ -69,6 +92,14 @@ from streamwarden.core.dialects.base import (
     token_place,
 )
 from streamwarden.core.sse import Event
+from streamwarden.core.toolcalls import (
+    ToolStep,
+    finish_step,
+    open_step,
+    size_step,
+    utf8_size,
+    whole_step,
+)
 
 # The table in the module docstring: machine code -> (HTTP status, google.rpc.Code).
 _STATUS: dict[str, tuple[int, str]] = {
@@ -82,6 +113,9 @@ _STATUS: dict[str, tuple[int, str]] = {
     "resume_gap": (500, "DATA_LOSS"),
     "resume_unavailable": (503, "UNAVAILABLE"),
     "content_blocked": (400, "FAILED_PRECONDITION"),
+    "tool_call_truncated": (500, "INTERNAL"),
+    "tool_call_invalid": (500, "INTERNAL"),
+    "tool_call_too_large": (500, "INTERNAL"),
 }
 _OTHER = (500, "INTERNAL")
 ERROR_DOMAIN = "streamwarden"
@@ -100,15 +134,15 @@ class Gemini(Dialect):
             return NOTHING
         if obj.get("error"):
             return UPSTREAM_ERROR
-        text, finished, tools = _candidates(obj.get("candidates"))
+        text, finished, tools, calls = _candidates(obj.get("candidates"))
         usage = obj.get("usageMetadata")
         tokens = prompt = None
         if isinstance(usage, dict):
             tokens = as_int(usage.get("candidatesTokenCount"))
             prompt = as_int(usage.get("promptTokenCount"))
-        if not text and tokens is None and prompt is None and not finished:
+        if not text and tokens is None and prompt is None and not finished and calls is None:
             return NOTHING
-        return Observation(text, tokens, prompt, terminal=finished, tools=tools)
+        return Observation(text, tokens, prompt, terminal=finished, tools=tools, calls=calls)
 
     def error_event(self, code: str, message: str) -> bytes:
         http_status, status = _STATUS.get(code, _OTHER)
@@ -141,31 +175,90 @@ class Gemini(Dialect):
         obj = load_json(event.data)
         return isinstance(obj, dict) and ("candidates" in obj or "usageMetadata" in obj)
 
+    calls_arrive_whole = True
 
-def _candidates(candidates: Any) -> tuple[str, bool, bool]:
-    """The text, whether a candidate finished, and whether a functionCall is in the text."""
+    def call_in_cut(self, block: bytes) -> tuple[str, str, int] | None:
+        start = block.find(b'"functionCall"')
+        if start < 0:
+            return None
+        rest = block[start:]
+        name = _NAME.search(rest)
+        call_id = _ID.search(rest)
+        return (
+            call_id.group(1).decode("utf-8", "replace") if call_id else "",
+            name.group(1).decode("utf-8", "replace") if name else "",
+            len(rest),
+        )
+
+
+# A name or id as far as an unfinished event spells it (escapes left out: a label only).
+_NAME = re.compile(rb'"name"\s*:\s*"([^"\\]{1,64})"')
+_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,64})"')
+
+
+def _candidates(candidates: Any) -> tuple[str, bool, bool, list[ToolStep] | None]:
+    """The text, whether a candidate finished, whether a functionCall is in the text, the
+    calls' steps."""
     if not isinstance(candidates, list):
-        return "", False, False
+        return "", False, False, None
     parts_text: list[str] = []
     finished = False
     tools = False
-    for candidate in candidates:
+    steps: list[ToolStep] | None = None
+    for position, candidate in enumerate(candidates):
         if not isinstance(candidate, dict):
             continue
-        if candidate.get("finishReason"):
-            finished = True
+        index = candidate.get("index")
+        scope = index if isinstance(index, int) and not isinstance(index, bool) else position
         content = candidate.get("content")
         parts = content.get("parts") if isinstance(content, dict) else None
-        if not isinstance(parts, list):
-            continue
-        for part in parts:
+        for part in parts if isinstance(parts, list) else ():
             if not isinstance(part, dict):
                 continue
             text = part.get("text")
             if isinstance(text, str):
                 parts_text.append(text)
             call = part.get("functionCall")
-            if isinstance(call, dict) and "args" in call:
-                parts_text.append(dump_json(call["args"]))
-                tools = True
-    return "".join(parts_text), finished, tools
+            if isinstance(call, dict):
+                size = 0
+                if "args" in call:
+                    arguments = dump_json(call["args"])
+                    parts_text.append(arguments)
+                    size = utf8_size(arguments)
+                    tools = True
+                steps = steps if steps is not None else []
+                _call_steps(call, scope, size, steps)
+        if candidate.get("finishReason"):
+            finished = True
+            steps = steps if steps is not None else []
+            steps.append(finish_step(scope))
+    return "".join(parts_text), finished, tools, steps
+
+
+def _call_steps(call: dict[str, Any], scope: int, size: int, steps: list[ToolStep]) -> None:
+    """A functionCall part: a whole call, or a part of one whose arguments stream (Vertex AI)."""
+    call_id = call.get("id")
+    name = call.get("name")
+    partial = call.get("partialArgs")
+    if call.get("willContinue") is True:
+        steps.append(open_step(scope, call_id, name, scope))
+        steps.append(size_step(scope, _partial_size(partial), scope))
+        return
+    # The last part of a streamed call, or a call whole in this part: the same
+    # step closes either (the relay knows whether one is open on the candidate).
+    args = call.get("args")
+    if partial is not None:
+        steps.append(size_step(scope, _partial_size(partial), scope))
+    valid = args is None or isinstance(args, dict)
+    steps.append(whole_step(scope, call_id, name, valid, size))
+
+
+def _partial_size(partial: Any) -> int:
+    """Bytes of a part's streamed arguments (``partialArgs``), as JSON."""
+    if not partial:
+        return 0
+    if isinstance(partial, list) and len(partial) == 1 and isinstance(partial[0], dict):
+        value = partial[0].get("stringValue")
+        if isinstance(value, str):
+            return utf8_size(value)
+    return utf8_size(dump_json(partial))

@@ -7,6 +7,14 @@ chunk with empty ``choices`` when the client asked for
 ``stream_options.include_usage`` (some servers send it on every chunk).
 The legacy Completions stream (``choices[].text``) is the same format.
 
+Tool calls (:mod:`streamwarden.core.toolcalls`): ``delta.tool_calls[]`` entries,
+by choice and ``index`` (the id and name on the first, argument fragments
+after; calls of one choice may interleave), and the legacy
+``delta.function_call``. A choice's calls close when its ``finish_reason``
+arrives (whatever it is: ``length`` cut mid-arguments is a broken call), or
+with ``[DONE]``; a call also ends where another ``id`` takes its ``index``
+(some servers number every call 0).
+
 openai-python raises ``APIError`` on any event whose JSON data has a truthy
 ``error`` object, so that is the shape of the synthesized error.
 """
@@ -29,6 +37,7 @@ from streamwarden.core.dialects.base import (
     token_place,
 )
 from streamwarden.core.sse import Event
+from streamwarden.core.toolcalls import ToolStep, arguments_step, finish_step, open_step
 
 _DELTA_TEXT_FIELDS = frozenset({"content", "reasoning_content", "reasoning", "refusal"})
 
@@ -50,7 +59,7 @@ class OpenAIChat(Dialect):
         if obj.get("error"):
             return UPSTREAM_ERROR
         choices = obj.get("choices")
-        text, tools = _choices_text(choices)
+        text, tools, calls = _choices_text(choices)
         usage = obj.get("usage")
         tokens = prompt = None
         if isinstance(usage, dict):
@@ -59,9 +68,9 @@ class OpenAIChat(Dialect):
         # The usage chunk has "choices": [] (with a count or not): the one a
         # client that did not ask for usage must not see.
         usage_only = choices == [] and isinstance(usage, dict)
-        if not text and tokens is None and prompt is None and not usage_only:
+        if not text and tokens is None and prompt is None and not usage_only and calls is None:
             return NOTHING
-        return Observation(text, tokens, prompt, usage_only=usage_only, tools=tools)
+        return Observation(text, tokens, prompt, usage_only=usage_only, tools=tools, calls=calls)
 
     def error_event(self, code: str, message: str) -> bytes:
         error = {"message": message, "type": "stream_error", "code": code, "param": None}
@@ -102,13 +111,14 @@ class OpenAIChat(Dialect):
         return isinstance(obj, dict) and "choices" in obj
 
 
-def _choices_text(choices: Any) -> tuple[str, bool]:
-    """The text of the choices, and whether tool-call arguments are part of it."""
+def _choices_text(choices: Any) -> tuple[str, bool, list[ToolStep] | None]:
+    """The text of the choices, whether tool-call arguments are part of it, and the calls' steps."""
     if not isinstance(choices, list):
-        return "", False
+        return "", False, None
     parts: list[str] = []
     tools = False
-    for choice in choices:
+    steps: list[ToolStep] | None = None
+    for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
@@ -119,14 +129,51 @@ def _choices_text(choices: Any) -> tuple[str, bool]:
                     parts.append(value)
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
-                for call in calls:
-                    function = call.get("function") if isinstance(call, dict) else None
-                    if isinstance(function, dict):
-                        arguments = function.get("arguments")
-                        if isinstance(arguments, str):
-                            parts.append(arguments)
-                            tools = True
+                before = len(parts)
+                steps = _call_steps(calls, _index(choice, position), parts, steps)
+                tools = tools or len(parts) > before
+            legacy = delta.get("function_call")
+            if isinstance(legacy, dict):
+                steps = _call_steps([legacy], _index(choice, position), None, steps, -1)
         text = choice.get("text")  # legacy Completions
         if isinstance(text, str):
             parts.append(text)
-    return (parts[0] if len(parts) == 1 else "".join(parts)), tools
+        if choice.get("finish_reason"):
+            steps = steps if steps is not None else []
+            steps.append(finish_step(_index(choice, position)))
+    return (parts[0] if len(parts) == 1 else "".join(parts)), tools, steps
+
+
+def _index(holder: dict[str, Any], position: int) -> int:
+    """A choice's or a call's ``index``, or its place in the list when it has none."""
+    index = holder.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else position
+
+
+def _call_steps(
+    calls: list[Any],
+    choice: int,
+    parts: list[str] | None,
+    steps: list[ToolStep] | None,
+    legacy: int | None = None,
+) -> list[ToolStep] | None:
+    """The steps of one delta's tool calls (their arguments appended to ``parts``, if given)."""
+    for position, call in enumerate(calls):
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if legacy is None else call
+        if not isinstance(function, dict):
+            continue
+        key = (choice, _index(call, position) if legacy is None else legacy)
+        steps = steps if steps is not None else []
+        call_id = call.get("id")
+        name = function.get("name")
+        if call_id or name:
+            steps.append(open_step(key, call_id, name, choice))
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            if parts is not None:
+                parts.append(arguments)
+            if arguments:
+                steps.append(arguments_step(key, arguments, choice))
+    return steps

@@ -10,6 +10,14 @@ a text is sent again whole, in the ``*.done`` events, the output item and
 the final response: output filters read those as whole texts. A text the
 filters rewrite loses the ``logprobs`` beside it, which spell its tokens.
 
+Tool calls (:mod:`streamwarden.core.toolcalls`), by ``output_index``: a
+``function_call`` (or ``custom_tool_call``) output item opens one in
+``response.output_item.added``; ``response.function_call_arguments.delta``
+fragments are its arguments (a custom tool's input is free text: only
+counted); ``response.function_call_arguments.done`` (``*.custom_tool_call_input.done``)
+closes it, its ``arguments`` checked, and ``response.output_item.done``
+closes it if those did not.
+
 openai-python raises ``APIError`` only when the data has a truthy ``error``
 object, so the synthesized ``event: error`` carries one beside the Responses
 API's own flat ``code`` and ``message`` fields.
@@ -32,6 +40,14 @@ from streamwarden.core.dialects.base import (
     token_place,
 )
 from streamwarden.core.sse import Event
+from streamwarden.core.toolcalls import (
+    ToolStep,
+    arguments_step,
+    close_step,
+    open_step,
+    size_step,
+    utf8_size,
+)
 
 _TEXT_DELTAS = frozenset(
     {
@@ -73,6 +89,11 @@ _RESPONSE_EVENTS = _ENDINGS | {"response.created", "response.in_progress", "resp
 _REPEATS = frozenset(_DONE_TEXTS) | _PART_EVENTS | _ITEM_EVENTS | _RESPONSE_EVENTS
 # The tool-call arguments of an output item, by its type (as the deltas stream them).
 _ITEM_ARGUMENTS = {"function_call": "arguments", "custom_tool_call": "input"}
+# The events that open or close a tool call (besides its deltas).
+_CALL_EDGES = _ITEM_EVENTS | {
+    "response.function_call_arguments.done",
+    "response.custom_tool_call_input.done",
+}
 
 
 class OpenAIResponses(Dialect):
@@ -95,7 +116,17 @@ class OpenAIResponses(Dialect):
             delta = obj.get("delta") if isinstance(obj, dict) else None
             if not isinstance(delta, str) or not delta:
                 return NOTHING
-            return Observation(text=delta, tools=kind in _TOOL_DELTAS)
+            if kind not in _TOOL_DELTAS:
+                return Observation(text=delta)
+            assert isinstance(obj, dict)
+            key = _call_key(obj, obj.get("item_id"))
+            if kind == "response.function_call_arguments.delta":
+                step = arguments_step(key, delta)
+            else:  # a custom tool's input: free text, not JSON
+                step = size_step(key, utf8_size(delta))
+            return Observation(text=delta, tools=True, calls=[step])
+        if kind in _CALL_EDGES:
+            return _call_edge(kind, obj, event.data)
         if kind in _ENDINGS:
             obj = obj if obj is not None else load_json(event.data)
             response = obj.get("response") if isinstance(obj, dict) else None
@@ -156,6 +187,49 @@ class OpenAIResponses(Dialect):
     @classmethod
     def sniff(cls, event: Event) -> bool:
         return event.event.startswith("response.")
+
+
+def _call_key(obj: dict[str, Any], item_id: Any) -> object:
+    """Which call an event is about: its output index (its item's id if it has none)."""
+    index = obj.get("output_index")
+    if isinstance(index, int) and not isinstance(index, bool):
+        return index
+    return item_id if isinstance(item_id, str) else -1
+
+
+def _call_edge(kind: str, obj: Any, data: str) -> Observation:
+    """An output item added or done, or a call's arguments done: a call opens or closes."""
+    if obj is None:
+        if kind in _ITEM_EVENTS and "_call" not in data:
+            return NOTHING  # a message's or a reasoning's item: not parsed for nothing
+        obj = load_json(data)
+    if not isinstance(obj, dict):
+        return NOTHING
+    steps: list[ToolStep]
+    if kind == "response.function_call_arguments.done":
+        arguments = obj.get("arguments")
+        text = arguments if isinstance(arguments, str) else None
+        key = _call_key(obj, obj.get("item_id"))
+        steps = [close_step(key, text, whole=True, name=obj.get("name"))]
+    elif kind == "response.custom_tool_call_input.done":
+        key = _call_key(obj, obj.get("item_id"))
+        steps = [close_step(key, verdict=True, whole=True)]
+    else:
+        item = obj.get("item")
+        kind_of_item = item.get("type") if isinstance(item, dict) else None
+        if not isinstance(item, dict) or kind_of_item not in _ITEM_ARGUMENTS:
+            return NOTHING
+        key = _call_key(obj, item.get("id"))
+        call_id = item.get("call_id") or item.get("id")
+        if kind == "response.output_item.added":
+            steps = [open_step(key, call_id, item.get("name"))]
+        elif kind_of_item == "function_call":
+            arguments = item.get("arguments")
+            text = arguments if isinstance(arguments, str) else None
+            steps = [close_step(key, text, call_id=call_id, name=item.get("name"))]
+        else:
+            steps = [close_step(key, verdict=True, call_id=call_id, name=item.get("name"))]
+    return Observation(calls=steps)
 
 
 def _part_places(part: Any, places: list[Place]) -> None:

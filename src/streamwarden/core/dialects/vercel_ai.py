@@ -9,6 +9,14 @@
   ``tool-input-delta``, ``finish``, ``error`` ...) closed by
   ``data: [DONE]``.
 
+Tool calls (:mod:`streamwarden.core.toolcalls`), by ``toolCallId``: in the data
+stream, ``b:`` opens one, ``c:`` deltas are its arguments, ``9:`` (the
+call whole) closes it; in the UI message stream, ``tool-input-start``,
+``tool-input-delta`` and ``tool-input-available``. A ``9:`` or
+``tool-input-available`` with no call open is a call sent whole. The SDK's
+own ``tool-input-error`` (it found the input invalid, and says so) closes
+the call as ``invalid`` and goes on to the client as it came.
+
 The SDK's stream parsers validate each part strictly, so the synthesized
 errors use exactly the documented error parts and carry the machine code
 inside the message text.
@@ -33,6 +41,7 @@ from streamwarden.core.dialects.base import (
 )
 from streamwarden.core.filters import REDACTED
 from streamwarden.core.sse import Event
+from streamwarden.core.toolcalls import arguments_step, close_step, open_step
 
 DATA_STREAM_HEADER = "x-vercel-ai-data-stream"
 UI_MESSAGE_STREAM_HEADER = "x-vercel-ai-ui-message-stream"
@@ -67,9 +76,20 @@ class VercelDataStream(Dialect):
         if kind == "c":
             value = load_json(payload)
             delta = value.get("argsTextDelta") if isinstance(value, dict) else None
-            return (
-                Observation(text=delta, tools=True) if isinstance(delta, str) and delta else NOTHING
-            )
+            if not isinstance(delta, str) or not delta:
+                return NOTHING
+            assert isinstance(value, dict)
+            steps = [arguments_step(_call_key(value), delta)]
+            return Observation(text=delta, tools=True, calls=steps)
+        if kind == "b" or kind == "9":
+            value = load_json(payload)
+            if not isinstance(value, dict):
+                return NOTHING
+            key = _call_key(value)
+            name = value.get("toolName")
+            if kind == "b":
+                return Observation(calls=[open_step(key, key, name)])
+            return Observation(calls=[close_step(key, whole=True, call_id=key, name=name)])
         if kind == "d":
             value = load_json(payload)
             usage = value.get("usage") if isinstance(value, dict) else None
@@ -132,7 +152,18 @@ class VercelUIMessageStream(Dialect):
             text = obj.get(field)
             if not isinstance(text, str) or not text:
                 return NOTHING
-            return Observation(text=text, tools=kind == "tool-input-delta")
+            if kind != "tool-input-delta":
+                return Observation(text=text)
+            steps = [arguments_step(_call_key(obj), text)]
+            return Observation(text=text, tools=True, calls=steps)
+        if isinstance(kind, str) and kind in _UI_CALL_EDGES:
+            key = _call_key(obj)
+            name = obj.get("toolName")
+            if kind == "tool-input-start":
+                return Observation(calls=[open_step(key, key, name)])
+            reported = kind == "tool-input-error"
+            step = close_step(key, whole=True, reported=reported, call_id=key, name=name)
+            return Observation(calls=[step])
         if kind == "error":
             return UPSTREAM_ERROR
         if kind == "finish":
@@ -174,6 +205,13 @@ class VercelUIMessageStream(Dialect):
 
 
 _UI_WHOLE_INPUTS = frozenset({"tool-input-available", "tool-input-error"})
+_UI_CALL_EDGES = _UI_WHOLE_INPUTS | {"tool-input-start"}
+
+
+def _call_key(part: dict[str, Any]) -> str:
+    """Which call a part is about: its ``toolCallId``."""
+    call_id = part.get("toolCallId")
+    return call_id if isinstance(call_id, str) else ""
 
 
 def _ui_whole_input(root: Any) -> bool:

@@ -69,7 +69,9 @@ which wins; they override the flags above for one request):
   size BYTES        the giant-event event's size
   status CODE       error-status's HTTP status (a status >= 400 implies it)
   body 0|1          0: error-status answers with an empty body
-  tool-call 0|1     1: a streamed tool call (openai-chat, anthropic)
+  tool-call 0|1     1: a streamed tool call (every format but ollama and generic;
+                    Gemini streams its arguments when the request's toolConfig
+                    asks for streamFunctionCallArguments)
   stamp 0|1         1: each SSE block starts with ': streamwarden-sent <unix time>'
                     (streamwarden probe's per-event path delay)
   request-id ID     the id recorded and returned in x-mock-request-id
@@ -86,6 +88,8 @@ faults:
   garbage               bytes that are not the dialect
   error-status          answer status with the provider's error body
   keepalive-pings       send the dialect's own pings while thinking
+  broken-tool-call      close the tool call after fault-after of its argument
+                        fragments: a clean end, arguments that are not JSON
 
 e.g. curl -N localhost:8000/v1/chat/completions -H 'x-mock-fault: truncate' \\
        -d '{"stream": true}'

@@ -21,8 +21,8 @@ Controls (name: meaning, default):
 - ``status``: HTTP status of ``error-status`` (500); a status of 400 or more
   on a request that names no fault implies ``error-status``
 - ``body``: ``0`` makes ``error-status`` answer with an empty body (1)
-- ``tool-call``: ``1`` answers with a streamed tool call (openai-chat and
-  anthropic only) (0)
+- ``tool-call``: ``1`` answers with a streamed tool call (every format but
+  ollama and generic) (0)
 - ``request-id``: the id the mock records and returns in
   ``x-mock-request-id`` (generated)
 - ``stamp``: ``1`` starts every event block of a server-sent events stream

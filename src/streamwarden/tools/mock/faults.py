@@ -6,6 +6,11 @@ every dialect. This module decides *where* (:func:`cut_index`) and *what*
 extra bytes a fault writes (:func:`giant_frame`, :func:`garbage_chunk`);
 the server decides *how* to act on the socket. Nothing here does I/O.
 
+In tool-call mode (``tool-call``) the token frames carry the call's argument
+fragments, so ``truncate``, ``truncate-mid``, ``stall``, ``reset`` and
+``broken-chunked`` strike inside the call's arguments (a Gemini call that
+arrives whole is one frame: ``truncate-mid`` cuts inside it).
+
 Where a stream-cutting fault strikes: before the token frame that would
 carry token number ``after`` (0-based; the default is half the answer), or,
 when ``after`` reaches the end of the answer, before the first usage or
@@ -51,6 +56,11 @@ class Fault(enum.StrEnum):
     """Answer ``status`` (default 500) with the provider's error body, or empty."""
     KEEPALIVE_PINGS = "keepalive-pings"
     """Write an SSE comment ``: ping`` in the middle of every wait for a token."""
+    BROKEN_TOOL_CALL = "broken-tool-call"
+    """With ``tool-call``: send only the first ``fault-after`` fragments of the call's
+    arguments (half by default, at least one), then close the call and end the
+    stream as usual: the arguments the client holds are a prefix, not JSON
+    (where the format repeats them whole, it repeats that prefix)."""
 
     @property
     def cuts_stream(self) -> bool:

@@ -44,7 +44,14 @@ from streamwarden.tools.mock.faults import (
     garbage_chunk,
     giant_frame,
 )
-from streamwarden.tools.mock.formats import Answer, Frame, WireFormat, format_for_path, wire_format
+from streamwarden.tools.mock.formats import (
+    WIRE_FORMATS,
+    Answer,
+    Frame,
+    WireFormat,
+    format_for_path,
+    wire_format,
+)
 from streamwarden.tools.mock.stats import MockStats, RequestRecord
 from streamwarden.tools.mock.tokens import mock_tokens, tool_call_fragments
 from streamwarden.tools.probe.measure import send_stamp
@@ -325,6 +332,18 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _broken_after(controls: Controls) -> int:
+    """How many argument fragments ``broken-tool-call`` sends (at least one)."""
+    return controls.fault_after if controls.fault_after is not None else controls.tokens // 2
+
+
+def _streams_arguments(body: Mapping[str, Any]) -> bool:
+    """Gemini on Vertex AI: the request asks for a call's arguments streamed."""
+    config = body.get("toolConfig", body.get("tool_config"))
+    calling = config.get("functionCallingConfig") if isinstance(config, dict) else None
+    return isinstance(calling, dict) and calling.get("streamFunctionCallArguments") is True
+
+
 def _include_usage(body: Mapping[str, Any]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
@@ -338,10 +357,15 @@ def _problem(
     if problem is not None:
         return problem
     if controls.tool_call and not fmt.supports_tool_call:
-        return f"tool-call is supported by openai-chat and anthropic, not {fmt.name}"
+        supported = ", ".join(name for name, f in WIRE_FORMATS.items() if f.supports_tool_call)
+        return f"tool-call is supported by {supported}, not {fmt.name}"
     fault = controls.fault
     if fault is None:
         return None
+    if fault is Fault.BROKEN_TOOL_CALL and not (
+        controls.tool_call and 0 < _broken_after(controls) < controls.tokens
+    ):
+        return "fault broken-tool-call needs tool-call=1 and fault-after between 1 and tokens - 1"
     if not streamed and not fault.applies_to_whole_replies:
         return f"fault {fault} needs a streamed answer; this request asks for a whole reply"
     if fault.needs_sse and not fmt.is_sse:
@@ -379,6 +403,9 @@ async def _handle_model(request: web.Request) -> web.StreamResponse:
     pieces = (
         tool_call_fragments(controls.tokens) if controls.tool_call else mock_tokens(controls.tokens)
     )
+    broken = controls.fault is Fault.BROKEN_TOOL_CALL
+    if broken:
+        pieces = pieces[: _broken_after(controls)]
     answer = Answer(
         request_id=controls.request_id,
         model=fmt.model_for(body, request.path),
@@ -386,6 +413,8 @@ async def _handle_model(request: web.Request) -> web.StreamResponse:
         prompt_tokens=max(1, len(raw) // 4),
         created=int(time.time()),
         tool_call=controls.tool_call,
+        stream_arguments=_streams_arguments(body),
+        broken_call=broken,
         include_usage=_include_usage(body),
         tokens_per_second=controls.tokens_per_second,
         ttft=controls.ttft,

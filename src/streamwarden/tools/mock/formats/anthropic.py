@@ -14,7 +14,6 @@ with the API's error type for each status.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, ClassVar
 
 from streamwarden.tools.mock.formats.base import (
@@ -23,6 +22,7 @@ from streamwarden.tools.mock.formats.base import (
     FrameRole,
     JSONObject,
     WireFormat,
+    call_arguments,
     compact_json,
     sse_block,
 )
@@ -96,7 +96,7 @@ class AnthropicMessages(WireFormat):
     def reply(self, answer: Answer) -> bytes:
         content: list[JSONObject]
         if answer.tool_call:
-            arguments: Any = json.loads(answer.text) if answer.text else {}
+            arguments: Any = call_arguments(answer)
             content = [
                 {
                     "type": "tool_use",

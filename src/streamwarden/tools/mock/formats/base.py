@@ -27,6 +27,7 @@ __all__ = [
     "FrameRole",
     "JSONObject",
     "WireFormat",
+    "call_arguments",
     "compact_json",
     "sse_block",
 ]
@@ -59,7 +60,8 @@ class Frame:
     role: FrameRole
     """What part of the stream this frame is."""
     tokens: int = 0
-    """How many generated tokens the frame carries (0 or 1)."""
+    """How many generated tokens the frame carries (0 or 1; a Gemini function
+    call, which arrives whole in one event, carries all of its arguments')."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,14 @@ class Answer:
     """Unix time (seconds) of the answer, as providers report it."""
     tool_call: bool = False
     """Answer with one tool call whose arguments are ``pieces``."""
+    stream_arguments: bool = False
+    """Gemini only: stream the call's arguments in ``partialArgs`` parts (Vertex
+    AI's ``streamFunctionCallArguments``) instead of one whole ``functionCall``."""
+    broken_call: bool = False
+    """The call's arguments were cut short (``broken-tool-call``): ``pieces`` are
+    a prefix, not JSON, and the formats close the call anyway, repeating them
+    as text where the format repeats them (a Gemini stream of ``partialArgs``
+    leaves out the part that would close the call)."""
     include_usage: bool = False
     """OpenAI chat only: the client asked for ``stream_options.include_usage``."""
     tokens_per_second: float = 0.0
@@ -106,6 +116,13 @@ class Answer:
         """How long generating the whole answer takes at the configured pace."""
         gaps = self.completion_tokens / self.tokens_per_second if self.tokens_per_second else 0.0
         return self.ttft + gaps
+
+
+def call_arguments(answer: Answer) -> Any:
+    """The tool call's arguments as an object, or, cut short, as the text they got to."""
+    if answer.broken_call:
+        return answer.text
+    return json.loads(answer.text) if answer.text else {}
 
 
 def compact_json(value: Any) -> str:

@@ -10,6 +10,13 @@ path (``/v1beta/models/{model}:streamGenerateContent``). Without
 ``alt=sse`` the real API streams a JSON array instead, which the mock does
 not simulate, so it answers 400 there. Errors are Google's
 ``{"error": {code, message, status}}``.
+
+A tool call is, as the Gemini API sends it, one ``functionCall`` part with
+its ``args`` whole, in the last chunk beside ``finishReason``. A request
+whose ``toolConfig.functionCallingConfig.streamFunctionCallArguments`` is
+true (Vertex AI) gets them streamed instead: one part per fragment with
+``partialArgs`` (``$.query``, the token's text) and ``willContinue: true``,
+then a part without ``willContinue`` that closes the call, in the last chunk.
 """
 
 from __future__ import annotations
@@ -18,7 +25,15 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from streamwarden.tools.mock.formats.base import Answer, Frame, FrameRole, JSONObject, WireFormat
+from streamwarden.tools.mock.formats.base import (
+    Answer,
+    Frame,
+    FrameRole,
+    JSONObject,
+    WireFormat,
+    call_arguments,
+)
+from streamwarden.tools.mock.tokens import TOOL_NAME
 
 __all__ = ["GeminiStream"]
 
@@ -47,6 +62,7 @@ class GeminiStream(WireFormat):
     content_type: ClassVar[str] = "text/event-stream"
     line_end: ClassVar[str] = "\r\n"
     default_model: ClassVar[str] = "gemini-2.5-flash"
+    supports_tool_call: ClassVar[bool] = True
 
     def wants_stream(self, body: Mapping[str, Any], path: str) -> bool:
         # Gemini streams by method, not by a body flag.
@@ -62,6 +78,14 @@ class GeminiStream(WireFormat):
         model = last.split(":", 1)[0]
         return model if ":" in last and model else self.default_model
 
+    def frames(self, answer: Answer) -> list[Frame]:
+        if answer.tool_call and not answer.stream_arguments:
+            # The whole call in one chunk: every token of its arguments, and the end.
+            part = {"functionCall": {"name": TOOL_NAME, "args": call_arguments(answer)}}
+            chunk = self._chunk(answer, part, self._final_usage(answer), finished=True)
+            return [Frame(self._sse(chunk), FrameRole.TERMINAL, tokens=answer.completion_tokens)]
+        return super().frames(answer)
+
     def preamble(self, answer: Answer) -> list[Frame]:
         return []
 
@@ -70,15 +94,31 @@ class GeminiStream(WireFormat):
             "promptTokenCount": answer.prompt_tokens,
             "totalTokenCount": answer.prompt_tokens,
         }
-        chunk = self._chunk(answer, piece, usage, finished=False)
+        part: JSONObject
+        if answer.tool_call:
+            call: JSONObject = {"name": TOOL_NAME} if index == 0 else {}
+            value = _token_text(piece, index, answer.completion_tokens)
+            partial = {"jsonPath": "$.query", "stringValue": value, "willContinue": True}
+            call.update({"partialArgs": [partial], "willContinue": True})
+            part = {"functionCall": call}
+        else:
+            part = {"text": piece}
+        chunk = self._chunk(answer, part, usage, finished=False)
         return Frame(self._sse(chunk), FrameRole.TOKEN, tokens=1)
 
     def closing(self, answer: Answer) -> list[Frame]:
-        chunk = self._chunk(answer, "", self._final_usage(answer), finished=True)
+        part: JSONObject | None = {"text": ""}
+        if answer.tool_call:
+            # The part that ends a streamed call; a broken call never gets it.
+            part = None if answer.broken_call else {"functionCall": {}}
+        chunk = self._chunk(answer, part, self._final_usage(answer), finished=True)
         return [Frame(self._sse(chunk), FrameRole.TERMINAL)]
 
     def reply(self, answer: Answer) -> bytes:
-        body = self._chunk(answer, answer.text, self._final_usage(answer), finished=True)
+        part: JSONObject = {"text": answer.text}
+        if answer.tool_call:
+            part = {"functionCall": {"name": TOOL_NAME, "args": call_arguments(answer)}}
+        body = self._chunk(answer, part, self._final_usage(answer), finished=True)
         return (json.dumps(body, ensure_ascii=False, indent=2) + "\n").encode()
 
     def error(self, status: int, message: str) -> bytes:
@@ -103,8 +143,11 @@ class GeminiStream(WireFormat):
         }
 
     @staticmethod
-    def _chunk(answer: Answer, text: str, usage: JSONObject, *, finished: bool) -> JSONObject:
-        candidate: JSONObject = {"content": {"parts": [{"text": text}], "role": "model"}}
+    def _chunk(
+        answer: Answer, part: JSONObject | None, usage: JSONObject, *, finished: bool
+    ) -> JSONObject:
+        parts = [] if part is None else [part]
+        candidate: JSONObject = {"content": {"parts": parts, "role": "model"}}
         if finished:
             candidate["finishReason"] = "STOP"
         candidate["index"] = 0
@@ -114,3 +157,14 @@ class GeminiStream(WireFormat):
             "modelVersion": answer.model,
             "responseId": answer.ident("", 22),
         }
+
+
+def _token_text(piece: str, index: int, count: int) -> str:
+    """The token a fragment of the JSON arguments ``{"query": "..."}`` spells, unescaped."""
+    if index == 0:
+        piece = piece.removeprefix('{"query": "')
+    if index == count - 1:
+        piece = piece.removesuffix('"}')
+    text = json.loads(f'"{piece}"')
+    assert isinstance(text, str)
+    return text

@@ -7,7 +7,11 @@ with ``data: [DONE]``. With ``include_usage`` every chunk also carries
 ``"usage":null``, as the real API does. The Responses API streams named
 events (``event:`` lines) whose payloads repeat the event type and carry a
 ``sequence_number`` that counts from 0 across the whole stream; it has no
-``[DONE]``: ``response.completed`` is terminal and carries the usage.
+``[DONE]``: ``response.completed`` is terminal and carries the usage. A tool
+call is a ``function_call`` output item: ``response.output_item.added``, a
+``response.function_call_arguments.delta`` per fragment, then
+``response.function_call_arguments.done`` and ``response.output_item.done``
+with the whole arguments.
 
 Both formats use compact JSON with raw UTF-8 in the stream. Error bodies are
 the API's ``{"error": {message, type, param, code}}`` object, which OpenAI
@@ -171,32 +175,45 @@ class OpenAIResponses(WireFormat):
     dialect: ClassVar[str] = "openai-responses"
     content_type: ClassVar[str] = "text/event-stream; charset=utf-8"
     default_model: ClassVar[str] = "gpt-4.1-2025-04-14"
+    supports_tool_call: ClassVar[bool] = True
 
-    # The four preamble events come first, so token ``i`` has sequence number 4 + i.
+    # The preamble events come first, so token ``i`` has sequence number 4 + i
+    # (3 + i for a tool call, whose item has no content part).
     _PREAMBLE_EVENTS: ClassVar[int] = 4
 
     def preamble(self, answer: Answer) -> list[Frame]:
-        item = self._item(answer, "in_progress", [])
         events: list[tuple[str, JSONObject]] = [
             ("response.created", {"response": self._response(answer, "in_progress")}),
             ("response.in_progress", {"response": self._response(answer, "in_progress")}),
-            ("response.output_item.added", {"output_index": 0, "item": item}),
-            (
-                "response.content_part.added",
-                {
-                    "item_id": answer.ident("msg_", 48),
-                    "output_index": 0,
-                    "content_index": 0,
-                    "part": self._part(""),
-                },
-            ),
         ]
+        if answer.tool_call:
+            item = self._call_item(answer, "in_progress", "")
+            events.append(("response.output_item.added", {"output_index": 0, "item": item}))
+        else:
+            item = self._item(answer, "in_progress", [])
+            events.append(("response.output_item.added", {"output_index": 0, "item": item}))
+            fields = {
+                "item_id": answer.ident("msg_", 48),
+                "output_index": 0,
+                "content_index": 0,
+                "part": self._part(""),
+            }
+            events.append(("response.content_part.added", fields))
         return [
             Frame(self._event(name, seq, fields), FrameRole.PREAMBLE)
             for seq, (name, fields) in enumerate(events)
         ]
 
     def token(self, answer: Answer, index: int, piece: str) -> Frame:
+        seq = self._first_token(answer) + index
+        if answer.tool_call:
+            fields: JSONObject = {
+                "item_id": answer.ident("fc_", 48),
+                "output_index": 0,
+                "delta": piece,
+            }
+            name = "response.function_call_arguments.delta"
+            return Frame(self._event(name, seq, fields), FrameRole.TOKEN, 1)
         fields = {
             "item_id": answer.ident("msg_", 48),
             "output_index": 0,
@@ -204,10 +221,14 @@ class OpenAIResponses(WireFormat):
             "delta": piece,
             "logprobs": [],
         }
-        seq = self._PREAMBLE_EVENTS + index
         return Frame(self._event("response.output_text.delta", seq, fields), FrameRole.TOKEN, 1)
 
+    def _first_token(self, answer: Answer) -> int:
+        return self._PREAMBLE_EVENTS - 1 if answer.tool_call else self._PREAMBLE_EVENTS
+
     def closing(self, answer: Answer) -> list[Frame]:
+        if answer.tool_call:
+            return self._call_closing(answer)
         item_id = answer.ident("msg_", 48)
         text = answer.text
         seq = self._PREAMBLE_EVENTS + answer.completion_tokens
@@ -249,6 +270,25 @@ class OpenAIResponses(WireFormat):
         )
         return frames
 
+    def _call_closing(self, answer: Answer) -> list[Frame]:
+        seq = self._first_token(answer) + answer.completion_tokens
+        done = {
+            "item_id": answer.ident("fc_", 48),
+            "output_index": 0,
+            "arguments": answer.text,
+        }
+        item = self._call_item(answer, "completed", answer.text)
+        completed = {"response": self._response(answer, "completed", final=True)}
+        events: list[tuple[str, JSONObject, FrameRole]] = [
+            ("response.function_call_arguments.done", done, FrameRole.EPILOGUE),
+            ("response.output_item.done", {"output_index": 0, "item": item}, FrameRole.EPILOGUE),
+            ("response.completed", completed, FrameRole.TERMINAL),
+        ]
+        return [
+            Frame(self._event(name, seq + offset, fields), role)
+            for offset, (name, fields, role) in enumerate(events)
+        ]
+
     def reply(self, answer: Answer) -> bytes:
         body = self._response(answer, "completed", final=True)
         return (json.dumps(body, ensure_ascii=False, indent=2) + "\n").encode()
@@ -275,11 +315,25 @@ class OpenAIResponses(WireFormat):
             "role": "assistant",
         }
 
+    @staticmethod
+    def _call_item(answer: Answer, status: str, arguments: str) -> JSONObject:
+        return {
+            "id": answer.ident("fc_", 48),
+            "type": "function_call",
+            "status": status,
+            "arguments": arguments,
+            "call_id": answer.ident("call_"),
+            "name": TOOL_NAME,
+        }
+
     def _response(self, answer: Answer, status: str, *, final: bool = False) -> JSONObject:
         output: list[Any] = []
         usage: JSONObject | None = None
-        if final:
+        if final and answer.tool_call:
+            output = [self._call_item(answer, "completed", answer.text)]
+        elif final:
             output = [self._item(answer, "completed", [self._part(answer.text)])]
+        if final:
             usage = {
                 "input_tokens": answer.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": 0},

@@ -11,6 +11,11 @@ per token, ``text-end``, ``finish-step``, ``finish``, then ``data: [DONE]``.
 Its chunks are validated strictly by the SDK, so the usage rides in
 ``finish.messageMetadata`` (the field the protocol leaves to the app), never
 in an extra member. Both always stream; the error body is plain JSON.
+
+A tool call: in the data stream ``b:`` (its start), a ``c:`` argument delta
+per fragment, ``9:`` (the call whole) and a ``tool-calls`` finish; in the UI
+message stream ``tool-input-start``, a ``tool-input-delta`` per fragment and
+``tool-input-available`` with the input whole.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ from streamwarden.tools.mock.formats.base import (
     FrameRole,
     JSONObject,
     WireFormat,
+    call_arguments,
     compact_json,
     sse_block,
 )
+from streamwarden.tools.mock.tokens import TOOL_NAME
 
 __all__ = ["VercelDataStream", "VercelUIStream"]
 
@@ -35,6 +42,7 @@ class _VercelFormat(WireFormat):
     dialect: ClassVar[str] = "vercel-ai"
     default_model: ClassVar[str] = "gpt-4o-mini"
     replies_whole: ClassVar[bool] = False
+    supports_tool_call: ClassVar[bool] = True
 
     def wants_stream(self, body: Mapping[str, Any], path: str) -> bool:
         return True
@@ -58,17 +66,34 @@ class VercelDataStream(_VercelFormat):
 
     def preamble(self, answer: Answer) -> list[Frame]:
         start = {"messageId": answer.ident("msg-", 24)}
-        return [Frame(self._part("f", start), FrameRole.PREAMBLE)]
+        frames = [Frame(self._part("f", start), FrameRole.PREAMBLE)]
+        if answer.tool_call:
+            call = {"toolCallId": answer.ident("call_"), "toolName": TOOL_NAME}
+            frames.append(Frame(self._part("b", call), FrameRole.PREAMBLE))
+        return frames
 
     def token(self, answer: Answer, index: int, piece: str) -> Frame:
+        if answer.tool_call:
+            delta = {"toolCallId": answer.ident("call_"), "argsTextDelta": piece}
+            return Frame(self._part("c", delta), FrameRole.TOKEN, tokens=1)
         return Frame(self._part("0", piece), FrameRole.TOKEN, tokens=1)
 
     def closing(self, answer: Answer) -> list[Frame]:
         usage = {"promptTokens": answer.prompt_tokens, "completionTokens": answer.completion_tokens}
-        step = {"finishReason": "stop", "usage": usage, "isContinued": False}
+        finish = "tool-calls" if answer.tool_call else "stop"
+        step = {"finishReason": finish, "usage": usage, "isContinued": False}
+        frames = []
+        if answer.tool_call:
+            call = {
+                "toolCallId": answer.ident("call_"),
+                "toolName": TOOL_NAME,
+                "args": call_arguments(answer),
+            }
+            frames.append(Frame(self._part("9", call), FrameRole.EPILOGUE))
         return [
+            *frames,
             Frame(self._part("e", step), FrameRole.USAGE),
-            Frame(self._part("d", {"finishReason": "stop", "usage": usage}), FrameRole.TERMINAL),
+            Frame(self._part("d", {"finishReason": finish, "usage": usage}), FrameRole.TERMINAL),
         ]
 
     @staticmethod
@@ -91,15 +116,28 @@ class VercelUIStream(_VercelFormat):
         }
 
     def preamble(self, answer: Answer) -> list[Frame]:
+        opening: JSONObject = {"type": "text-start", "id": answer.ident("txt-", 24)}
+        if answer.tool_call:
+            opening = {
+                "type": "tool-input-start",
+                "toolCallId": answer.ident("call_"),
+                "toolName": TOOL_NAME,
+            }
         chunks: list[JSONObject] = [
             {"type": "start", "messageId": answer.ident("msg-", 24)},
             {"type": "start-step"},
-            {"type": "text-start", "id": answer.ident("txt-", 24)},
+            opening,
         ]
         return [Frame(self._chunk(chunk), FrameRole.PREAMBLE) for chunk in chunks]
 
     def token(self, answer: Answer, index: int, piece: str) -> Frame:
         chunk = {"type": "text-delta", "id": answer.ident("txt-", 24), "delta": piece}
+        if answer.tool_call:
+            chunk = {
+                "type": "tool-input-delta",
+                "toolCallId": answer.ident("call_"),
+                "inputTextDelta": piece,
+            }
         return Frame(self._chunk(chunk), FrameRole.TOKEN, tokens=1)
 
     def closing(self, answer: Answer) -> list[Frame]:
@@ -109,11 +147,16 @@ class VercelUIStream(_VercelFormat):
             "totalTokens": answer.prompt_tokens + answer.completion_tokens,
         }
         finish = {"type": "finish", "messageMetadata": {"usage": usage}}
+        closed: JSONObject = {"type": "text-end", "id": answer.ident("txt-", 24)}
+        if answer.tool_call:
+            closed = {
+                "type": "tool-input-available",
+                "toolCallId": answer.ident("call_"),
+                "toolName": TOOL_NAME,
+                "input": call_arguments(answer),
+            }
         return [
-            Frame(
-                self._chunk({"type": "text-end", "id": answer.ident("txt-", 24)}),
-                FrameRole.EPILOGUE,
-            ),
+            Frame(self._chunk(closed), FrameRole.EPILOGUE),
             Frame(self._chunk({"type": "finish-step"}), FrameRole.EPILOGUE),
             Frame(self._chunk(finish), FrameRole.USAGE),
             Frame(sse_block("[DONE]"), FrameRole.TERMINAL),
