@@ -24,9 +24,7 @@ has no reader left in the current SDK, so it is not in the matrix.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +42,7 @@ from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEFramer
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, mock_text
+from vercel_reader import VercelStreamError, node_and_ai_sdk, raise_if_failed, read_ui_stream
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
@@ -181,39 +180,10 @@ async def ollama_text(base_url: str, headers: dict[str, str], got: list[str]) ->
     return "".join(got)
 
 
-JS = Path(__file__).parent / "js"
-
-
-class VercelStreamError(Exception):
-    """What the Vercel AI SDK raised in Node, carried back to Python."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(f"{name}: {message}")
-        self.name = name
-        self.message = message
-
-
 async def vercel_ui_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
-    process = await asyncio.create_subprocess_exec(
-        "node",
-        str(JS / "read_ui_message_stream.mjs"),
-        base_url + "/vercel/ui-stream",
-        json.dumps(headers),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await process.communicate()
-    except asyncio.CancelledError:
-        process.kill()
-        await process.wait()
-        raise
-    if not out.strip():
-        raise AssertionError(f"the Node reader failed: {err.decode(errors='replace')[-2000:]}")
-    result = json.loads(out)
+    result = await read_ui_stream(base_url + "/vercel/ui-stream", headers)
     got.append(result["text"])
-    if "error" in result:
-        raise VercelStreamError(result["error"], result["message"])
+    raise_if_failed(result)
     return str(result["text"])
 
 
@@ -266,15 +236,6 @@ def vercel_code(exc: BaseException) -> str | None:
     if isinstance(exc, VercelStreamError) and exc.name == "Error":
         match = _CODE_AT_END.search(exc.message)
         return match.group(1) if match else None
-    return None
-
-
-def node_and_ai_sdk() -> str | None:
-    """Why the Vercel AI SDK cannot run here, or ``None`` if it can."""
-    if shutil.which("node") is None:
-        return "node is not installed"
-    if not (JS / "node_modules" / "ai" / "package.json").exists():
-        return "the Vercel AI SDK is not installed (npm ci --prefix tests/js)"
     return None
 
 

@@ -1,9 +1,10 @@
 // Reads one chat answer with the Vercel AI SDK's own client path, as useChat
 // does: DefaultChatTransport posts the messages and parses the UI message
 // stream, readUIMessageStream assembles the message and raises on an error
-// part. Prints one JSON line: {"text"} when the stream ended, or
-// {"error", "message", "text"} when the SDK raised (text: what arrived
-// before it).
+// part. Prints one JSON line: {"text", "tools"} when the stream ended, or
+// {"error", "message", "text", "tools"} when the SDK raised (text and tools:
+// what arrived before it; tools: each tool part's toolCallId, state and
+// input as the SDK assembled it).
 //
 // Usage: node read_ui_message_stream.mjs URL '{"header": "value"}'
 import { DefaultChatTransport, readUIMessageStream } from "ai";
@@ -11,6 +12,7 @@ import { DefaultChatTransport, readUIMessageStream } from "ai";
 const [url, headersJson] = process.argv.slice(2);
 const transport = new DefaultChatTransport({ api: url, headers: JSON.parse(headersJson || "{}") });
 let text = "";
+let tools = [];
 try {
   const chunks = await transport.sendMessages({
     chatId: "chat",
@@ -24,8 +26,12 @@ try {
       .filter((part) => part.type === "text")
       .map((part) => part.text)
       .join("");
+    tools = message.parts
+      .filter((part) => part.type.startsWith("tool-") || part.type === "dynamic-tool")
+      .map((part) => ({ toolCallId: part.toolCallId, state: part.state, input: part.input }));
   }
-  console.log(JSON.stringify({ text }));
+  console.log(JSON.stringify({ text, tools }));
 } catch (error) {
-  console.log(JSON.stringify({ error: String(error?.name), message: String(error?.message), text }));
+  const failed = { error: String(error?.name), message: String(error?.message), text, tools };
+  console.log(JSON.stringify(failed));
 }
