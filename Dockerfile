@@ -11,15 +11,18 @@
 # configs/sidecar-in-front-of-app.yaml there; mount your own over it), and
 # every key can be overridden with STREAMWARDEN_<KEY>. It runs on uvloop
 # (installed here; STREAMWARDEN_EVENT_LOOP=asyncio for the standard loop).
-# tests/test_container.py checks these properties and runs the same install
-# steps and entrypoint without a Docker engine.
+# It installs the project's wheel, built and repaired in a stage with a C
+# compiler, into a stage without one: the per-event modules run compiled.
+# tests/test_container.py checks these properties and runs the same build
+# and install steps and entrypoint without a Docker engine.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # The same Python on the same Debian, with a C compiler: the build compiles
-# the per-event modules (setup.py, mypyc), and the runtime needs no compiler.
+# the per-event modules (setup.py, mypyc) into a wheel, and nothing after it
+# has or needs a compiler.
 ARG BUILD_IMAGE=python:3.11-bookworm
 
-# -- build: install the project and its dependencies into a virtualenv --------
+# -- build: the wheel, compiled and repaired to a manylinux tag ---------------
 FROM ${BUILD_IMAGE} AS build
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -27,15 +30,33 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Only what the package build needs: pyproject.toml declares README.md as the
 # long description, setup.py lists the compiled modules, and the code lives
-# under src/.
+# under src/. .ci/wheel is the build CI runs too.
 COPY pyproject.toml setup.py README.md ./
 COPY src ./src
-# A virtualenv at the same path in both stages, so its scripts' shebangs hold.
-# pip compiles every module to bytecode here, at build time, so the read-only
-# runtime never needs to. "fast" adds uvloop and orjson; "redis" the shared
-# resume store (resume_store: redis://...).
+COPY .ci/wheel .ci/wheel_check.py ./.ci/
+# pip wheel, a check that the wheel holds every compiled module built from
+# these sources, then auditwheel repair to the most compatible manylinux tag
+# it satisfies: one wheel in /src/wheelhouse.
+RUN bash .ci/wheel build /src/wheelhouse
+
+# -- install: the wheel into a virtualenv, on the runtime's base (no compiler) --
+FROM ${PYTHON_IMAGE} AS install
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+
+COPY --from=build /src/wheelhouse /src/wheelhouse
+# A virtualenv at the same path as in the runtime, so its scripts' shebangs
+# hold. Binaries only: nothing may compile here, the dependencies come as
+# wheels too. pip compiles every module to bytecode here, at build time, so
+# the read-only runtime never needs to. "fast" adds uvloop and orjson;
+# "redis" the shared resume store (resume_store: redis://...). The build
+# fails unless the compiled modules are what runs.
 RUN python -m venv /opt/streamwarden \
-    && /opt/streamwarden/bin/pip install --no-cache-dir ".[fast,redis]"
+    && wheel="$(echo /src/wheelhouse/streamwarden-*.whl)" \
+    && /opt/streamwarden/bin/pip install --no-cache-dir --only-binary=:all: "${wheel}[fast,redis]" \
+    && version="$(/opt/streamwarden/bin/streamwarden --version)" \
+    && echo "${version}" \
+    && case "${version}" in *"per-event modules compiled"*) ;; *) exit 1 ;; esac
 
 # -- runtime --------------------------------------------------------------------
 # Debian slim, not distroless: on Kubernetes < 1.30 the Helm chart's preStop
@@ -52,7 +73,7 @@ RUN groupadd --system --gid 10001 streamwarden \
     && useradd --system --uid 10001 --gid 10001 --no-create-home \
        --home-dir /nonexistent --shell /usr/sbin/nologin streamwarden
 
-COPY --from=build /opt/streamwarden /opt/streamwarden
+COPY --from=install /opt/streamwarden /opt/streamwarden
 # The default config (root-owned, read-only to the process): a sidecar in
 # front of an app on 127.0.0.1:8000, listening on 8080 with admin on 9090.
 COPY configs/sidecar-in-front-of-app.yaml /etc/streamwarden/config.yaml

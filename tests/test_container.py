@@ -3,11 +3,15 @@
 The Dockerfile is parsed and held to what a Kubernetes sidecar image needs:
 a slim Python 3.11 base, a non-root numeric USER, STOPSIGNAL SIGTERM, a
 HEALTHCHECK on the admin /healthz without curl, both ports exposed, the
-``streamwarden`` entrypoint. Then the image is rehearsed on this machine:
-the build context is assembled through .dockerignore, the build stage's
-install command runs in a fresh virtualenv, and the entrypoint it declares
-starts with the runtime stage's environment, as uid 10001 when the test
-runs as root. It must answer /healthz (through the HEALTHCHECK command
+``streamwarden`` entrypoint, and the project's wheel installed in a stage of
+its own. Then the image is rehearsed on this machine: the build context is
+assembled through .dockerignore, the build stage builds and repairs the
+wheel (``.ci/wheel build``; in CI, whose wheel stage ran that same command
+on this tree just before, its wheel stands in: STREAMWARDEN_WHEELHOUSE),
+the install stage installs it into a fresh virtualenv with the C compiler
+hidden, as on the slim base (``.ci/wheel without-compiler``), and the
+entrypoint it declares starts with the runtime stage's environment, as uid
+10001 when the test runs as root. It must answer /healthz (through the HEALTHCHECK command
 itself), relay a stream, drain on SIGTERM and exit 0, and write nothing
 into its install tree (the image runs with a read-only root filesystem).
 """
@@ -37,6 +41,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from streamwarden._native import PURE_PYTHON
 from streamwarden.config import Settings
 from streamwarden.tools.mock import MockServer
 from waiting import wait_until
@@ -106,6 +111,16 @@ def env_of(stage: list[Instruction], base: dict[str, str]) -> dict[str, str]:
 
 STAGES = parse_dockerfile(DOCKERFILE.read_text())
 FINAL = STAGES[-1]
+WHEEL_SCRIPT = REPO / ".ci" / "wheel"
+
+
+def stage_named(name: str) -> list[Instruction]:
+    (stage,) = [s for s in STAGES[1:] if s[0].args.split()[-2:] == ["AS", name]]
+    return stage
+
+
+def base_of(stage: list[Instruction]) -> str:
+    return stage[0].args.split()[0]
 
 
 # -- the Dockerfile's properties -----------------------------------------------
@@ -167,13 +182,23 @@ def test_the_entrypoint_is_streamwarden_run_with_the_mounted_config() -> None:
     assert last(FINAL, "CMD").exec_form() == ["run", "--config", "/etc/streamwarden/config.yaml"]
 
 
-def test_the_build_installs_the_source_tree_without_a_pip_cache() -> None:
-    runs = [i.args for stage in STAGES[1:-1] for i in find(stage, "RUN")]
-    installs = [run for run in runs if "pip install" in run]
-    assert installs, runs
-    for run in installs:
-        assert "--no-cache-dir" in run
-        assert re.search(r"""pip install --no-cache-dir ["']?\.(\[[\w,]+\])?["']?$""", run), run
+def test_the_build_makes_the_wheel_and_a_compiler_free_stage_installs_only_it() -> None:
+    build, install = stage_named("build"), stage_named("install")
+    # The wheel is built and repaired by the script CI runs (.ci/wheel build).
+    assert [i.args for i in find(build, "RUN")] == ["bash .ci/wheel build /src/wheelhouse"]
+    # Installed on the runtime's own base, which has no compiler: binaries
+    # only, no pip cache, and the stage fails unless the compiled modules run.
+    assert base_of(install) == base_of(FINAL) != base_of(build)
+    copies = [i.args for i in find(install, "COPY")]
+    assert copies == ["--from=build /src/wheelhouse /src/wheelhouse"]
+    (run,) = [i.args for i in find(install, "RUN")]
+    wheel = r'"\$\{wheel\}\[[\w,]+\]"'
+    assert re.search(rf"pip install --no-cache-dir --only-binary=:all: {wheel}", run), run
+    assert "streamwarden --version" in run and '*"per-event modules compiled"*' in run, run
+    # The runtime takes the virtualenv and nothing else of the stages before.
+    assert [i.args for i in find(FINAL, "COPY") if i.args.startswith("--from")] == [
+        "--from=install /opt/streamwarden /opt/streamwarden"
+    ]
 
 
 def test_hadolint_finds_nothing() -> None:
@@ -377,31 +402,81 @@ def base_python() -> tuple[str, bool]:
     return sys.executable, False
 
 
+def reuse_ci_wheel(command: str) -> bool:
+    """Put CI's wheel where the build stage's command would, if it is that command's.
+
+    CI's wheel stage ran ``.ci/wheel build`` on this tree just before the
+    tests (.ci/run exports STREAMWARDEN_WHEELHOUSE): the same command, so its
+    wheel, checked to be built from these very sources, spares a second
+    compile of a minute and a half. Without it the command runs here.
+    """
+    called = re.fullmatch(r"bash \.ci/wheel build (\S+)", command)
+    wheelhouse = os.environ.get("STREAMWARDEN_WHEELHOUSE")
+    if called is None or not wheelhouse:
+        return False
+    wheels = sorted(Path(wheelhouse).glob("streamwarden-*.whl"))
+    check = [sys.executable, str(WHEEL_SCRIPT.with_name("wheel_check.py")), "contents"]
+    built_here = len(wheels) == 1 and (
+        subprocess.run(
+            [*check, str(wheels[0]), str(REPO / "src")], capture_output=True, timeout=60
+        ).returncode
+        == 0
+    )
+    if built_here:
+        Path(called.group(1)).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(wheels[0], called.group(1))
+    return built_here
+
+
+def can_hide_the_compiler() -> bool:
+    probe = subprocess.run(
+        ["bash", str(WHEEL_SCRIPT), "without-compiler", "true"], capture_output=True, timeout=60
+    )
+    if probe.returncode != 0:
+        warnings.warn(
+            f"the install stage runs with the C compiler in reach: {probe.stderr!r}", stacklevel=2
+        )
+    return probe.returncode == 0
+
+
 async def build_image(root: Path, python: str) -> None:
-    """Every stage before the last: its COPYs and its RUNs, with / moved to ``root``."""
+    """Every stage before the last: its COPYs and its RUNs, with / moved to ``root``.
+
+    A stage on the runtime's base image (slim: no compiler) runs its RUNs with
+    the C compiler and Python's headers hidden.
+    """
     python_dir = root / "base-python"
     python_dir.mkdir(exist_ok=True)
     (python_dir / "python").symlink_to(python)
     for stage in STAGES[1:-1]:
         workdir = "/"
-        env = env_of(stage, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        # An image's build sees none of this machine's settings for Python.
+        host = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", PURE_PYTHON)}
+        env = env_of(stage, host)
         # The Dockerfile's "python" is the base image's.
         env["PATH"] = f"{python_dir}{os.pathsep}{env.get('PATH', '')}"
+        env["PYTHON"] = "python"  # .ci/wheel's, whose headers it hides
+        shell = ["/bin/sh", "-c"]
+        if base_of(stage) == base_of(FINAL) and can_hide_the_compiler():
+            shell = ["bash", str(WHEEL_SCRIPT), "without-compiler", *shell]
         for instruction in stage[1:]:
             if instruction.keyword == "WORKDIR":
                 workdir = instruction.args
                 in_root(root, workdir).mkdir(parents=True, exist_ok=True)
             elif instruction.keyword == "COPY":
-                (copy,) = copy_sources([instruction])
-                copy_into(root, workdir, *copy)
+                # From the context; one --from an earlier stage is in place already.
+                for copy in copy_sources([instruction]):
+                    copy_into(root, workdir, *copy)
             elif instruction.keyword == "RUN":
                 command = map_paths(root, instruction.args)
-                assert command != instruction.args, "RUN installs under /opt"
-                # The one liberty taken: pip may reuse its cache here.
+                assert command != instruction.args, "RUN writes under /opt or /src"
+                # A liberty taken: pip may reuse its cache here.
                 command = command.replace(" --no-cache-dir", "")
-                await run_checked(
-                    ["/bin/sh", "-c", command], cwd=in_root(root, workdir), env=env, timeout=240
-                )
+                if not reuse_ci_wheel(command):
+                    output = await run_checked(
+                        [*shell, command], cwd=in_root(root, workdir), env=env, timeout=360
+                    )
+                    assert "without-compiler" not in shell or "no C compiler here" in output
 
 
 def prepare_runtime(root: Path) -> None:
