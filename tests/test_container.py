@@ -7,7 +7,7 @@ HEALTHCHECK on the admin /healthz without curl, both ports exposed, the
 its own. Then the image is rehearsed on this machine: the build context is
 assembled through .dockerignore, the build stage builds and repairs the
 wheel (``.ci/wheel build``; in CI, whose wheel stage ran that same command
-on this tree just before, its wheel stands in: STREAMWARDEN_WHEELHOUSE),
+on this tree just before, its wheel stands in: SWTEST_WHEELHOUSE),
 the install stage installs it into a fresh virtualenv with the C compiler
 hidden, as on the slim base (``.ci/wheel without-compiler``), and the
 entrypoint it declares starts with the runtime stage's environment, as uid
@@ -406,12 +406,12 @@ def reuse_ci_wheel(command: str) -> bool:
     """Put CI's wheel where the build stage's command would, if it is that command's.
 
     CI's wheel stage ran ``.ci/wheel build`` on this tree just before the
-    tests (.ci/run exports STREAMWARDEN_WHEELHOUSE): the same command, so its
+    tests (.ci/run exports SWTEST_WHEELHOUSE): the same command, so its
     wheel, checked to be built from these very sources, spares a second
     compile of a minute and a half. Without it the command runs here.
     """
     called = re.fullmatch(r"bash \.ci/wheel build (\S+)", command)
-    wheelhouse = os.environ.get("STREAMWARDEN_WHEELHOUSE")
+    wheelhouse = os.environ.get("SWTEST_WHEELHOUSE")
     if called is None or not wheelhouse:
         return False
     wheels = sorted(Path(wheelhouse).glob("streamwarden-*.whl"))

@@ -75,6 +75,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from streamwarden.config import ResolvedRoute
 from streamwarden.core.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.core.inflate import Inflater
 from streamwarden.core.plan import EARLY_PLAN, StreamPlan, plan_response
@@ -283,6 +284,16 @@ class StreamResponder:
         """No ``http.response.start`` within ``early_headers_after``: ours goes first."""
         await self._start_stream(EARLY_START, EARLY_HEADERS, EARLY_PLAN, early=True)
 
+    async def _may_start(self, message: Message, route: ResolvedRoute, early: bool) -> bool:
+        """Whether this start still opens the stream: an await lets the other start go first."""
+        if route.resumable and self._context.resume is not None:
+            await self._context.resume.ensure_started()  # the store's connection: I/O, ours
+        if self._phase is not _Phase.WAITING:  # the early head, or the app, went first
+            if not early:
+                await self._send(message)  # the app's start, judged after our early head
+            return False
+        return not early or self._app_task.thinking  # not started, returned or stopped
+
     async def _start_stream(
         self, message: Message, headers: Mapping[str, str], plan: StreamPlan, early: bool = False
     ) -> None:
@@ -291,10 +302,8 @@ class StreamResponder:
         path: str = scope.get("path") or "/"
         route = context.settings.for_path(path)
         loop = self._loop
-        if route.resumable and context.resume is not None:
-            await context.resume.ensure_started()  # the store's connection: I/O, ours
-        if early and (self._phase is not _Phase.WAITING or not self._app_task.thinking):
-            return  # the app started, returned or was stopped meanwhile
+        if not await self._may_start(message, route, early):
+            return
         self._status = int(message.get("status", 200))
         self._flow = flow = context.pipeline.open(
             StreamStart(

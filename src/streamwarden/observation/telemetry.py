@@ -60,7 +60,7 @@ __all__ = [
     "instrument_table",
 ]
 
-log = logging.getLogger("streamwarden.observation.telemetry")
+log = logging.getLogger("streamwarden.telemetry")
 
 #: Every attribute a request's spans may carry, and what it means.
 ATTRIBUTES: dict[str, str] = {

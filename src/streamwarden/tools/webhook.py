@@ -33,7 +33,7 @@ from streamwarden.tools.inject import InjectOptions, ManifestError, Outcome, pod
 
 __all__ = ["ADMISSION_API", "CertificateFiles", "review", "run_webhook", "webhook_app"]
 
-log = logging.getLogger("streamwarden.tools.webhook")
+log = logging.getLogger("streamwarden.webhook")
 
 ADMISSION_API = "admission.k8s.io/v1"
 #: The path the MutatingWebhookConfiguration calls.

@@ -61,7 +61,7 @@ from streamwarden.observation.register import StreamRegister
 
 __all__ = ["ABORT_WATCH", "EngineWatch"]
 
-log = logging.getLogger("streamwarden.features.engine.counters")
+log = logging.getLogger("streamwarden.engine")
 
 #: Longest the engine is watched after a cancel; slower counts as a timeout.
 ABORT_WATCH = 5.0

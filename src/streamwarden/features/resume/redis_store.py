@@ -49,7 +49,7 @@ from streamwarden.observation.metrics import StreamMetrics
 
 __all__ = ["RedisBackend"]
 
-log = logging.getLogger("streamwarden.features.resume.model")
+log = logging.getLogger("streamwarden.resume")
 
 #: Most writes, and most bytes of events, waiting for Redis; past either,
 #: writes are dropped (and counted): events can be megabytes each.
