@@ -9,8 +9,12 @@ on the whole input it carries.
 from __future__ import annotations
 
 import json
+import tracemalloc
+from dataclasses import replace
+from typing import Any
 
-from tool_streams import BY_NAME, error_of
+from streamwarden.core.toolcalls import ToolCalls, arguments_step, close_step, open_step
+from tool_streams import BY_NAME, LIMITS, error_of
 
 GEMINI = BY_NAME["gemini"]
 
@@ -37,3 +41,58 @@ def test_a_gemini_cut_names_the_call_by_its_own_keys_never_by_its_arguments() ->
         assert code == "tool_call_truncated" and f"({name or 'unnamed'})" in message, message
         (listed,) = relay.meter.as_record()["tool_calls"]
         assert (listed["id"], listed["name"]) == (call_id, name)
+
+
+# -- what an upstream controls is held against the limit -----------------------------------
+
+
+def ui_part(part: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(part)}\n\n".encode()
+
+
+def responses_event(kind: str, body: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n".encode()
+
+
+def test_call_keys_as_long_as_an_upstream_likes_count_against_the_limit() -> None:
+    limit = 256 * 1024
+    long_id = "k" * (64 * 1024)
+    opens = {
+        # A toolCallId is the call's key: 64 KiB each.
+        "vercel-ui": lambda n: ui_part(
+            {"type": "tool-input-start", "toolCallId": f"{n}{long_id}", "toolName": "f"}
+        ),
+        # Without an output_index the item's id is.
+        "openai-responses": lambda n: responses_event(
+            "response.function_call_arguments.delta", {"item_id": f"{n}{long_id}", "delta": "{"}
+        ),
+    }
+    for name, event in opens.items():
+        stream = BY_NAME[name]
+        relay = stream.relay(replace(LIMITS, max_tool_arguments_bytes=limit))
+        out = b""
+        for n in range(64):  # a handful fit; 64 would hold 4 MiB against 256 KiB
+            out += relay.feed(event(n), 1.0)
+            if relay.done:
+                break
+        assert relay.done and n < limit // len(long_id), name
+        assert error_of(stream, stream.decode(out)[-1])[0] == "tool_call_too_large"
+
+
+def test_a_call_of_many_tiny_fragments_holds_about_their_bytes() -> None:
+    limit = 64 * 1024
+    tools = ToolCalls(limit)
+    tools.follow([open_step("k", "call_1", "lookup")])
+    fragments = 60_000  # one byte each: a string object and a list slot each, unjoined
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(fragments):
+            assert tools.follow([arguments_step("k", "a")]) is None
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * fragments, held  # unjoined: about 60 bytes a fragment
+    (call,) = tools.open_calls
+    assert call.size == fragments
+    assert tools.follow([close_step("k", verdict=None)]) is not None  # "aaa...": not JSON
