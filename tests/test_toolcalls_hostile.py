@@ -13,6 +13,7 @@ import tracemalloc
 from dataclasses import replace
 from typing import Any
 
+from streamwarden.core.meter import EndState
 from streamwarden.core.toolcalls import ToolCalls, arguments_step, close_step, open_step
 from tool_streams import BY_NAME, LIMITS, error_of
 
@@ -96,3 +97,49 @@ def test_a_call_of_many_tiny_fragments_holds_about_their_bytes() -> None:
     (call,) = tools.open_calls
     assert call.size == fragments
     assert tools.follow([close_step("k", verdict=None)]) is not None  # "aaa...": not JSON
+
+
+# -- a close is judged on the input it carries ---------------------------------------------
+
+
+def test_a_vercel_close_is_judged_on_its_whole_input_not_on_the_deltas() -> None:
+    ui, data_stream = BY_NAME["vercel-ui"], BY_NAME["vercel-data"]
+
+    def ui_call(delta: str, whole: Any) -> bytes:
+        parts = [
+            {"type": "tool-input-start", "toolCallId": "call_1", "toolName": "lookup"},
+            {"type": "tool-input-delta", "toolCallId": "call_1", "inputTextDelta": delta},
+            {"type": "tool-input-available", "toolCallId": "call_1", "toolName": "lookup"}
+            | ({} if whole is None else {"input": whole}),
+            {"type": "finish"},
+        ]
+        return b"".join(map(ui_part, parts)) + b"data: [DONE]\n\n"
+
+    def data_call(delta: str, whole: Any) -> bytes:
+        lines = [
+            ("b", {"toolCallId": "call_1", "toolName": "lookup"}),
+            ("c", {"toolCallId": "call_1", "argsTextDelta": delta}),
+            (
+                "9",
+                {"toolCallId": "call_1", "toolName": "lookup"}
+                | ({} if whole is None else {"args": whole}),
+            ),
+            ("d", {"finishReason": "tool-calls"}),
+        ]
+        return b"".join(f"{kind}:{json.dumps(value)}\n".encode() for kind, value in lines)
+
+    for stream, render in ((ui, ui_call), (data_stream, data_call)):
+        # Deltas not strict JSON that the SDK repaired into an object: whole.
+        whole = render("{'q': 'x'}", {"q": "x"})
+        relay = stream.relay()
+        out = relay.feed(whole, 1.0) + relay.upstream_eof(2.0)
+        assert out == whole and relay.end_state is EndState.COMPLETED, stream.name
+        # Deltas that are JSON, an input that is not an object: what the client runs is broken.
+        for broken in ('"a string"', [1, 2]):
+            relay = stream.relay()
+            out = relay.feed(render('{"q": "x"}', broken), 1.0) + relay.upstream_eof(2.0)
+            assert error_of(stream, stream.decode(out)[-1])[0] == "tool_call_invalid", stream.name
+        # No whole input: the deltas decide.
+        relay = stream.relay()
+        out = relay.feed(render('{"q": ', None), 1.0) + relay.upstream_eof(2.0)
+        assert error_of(stream, stream.decode(out)[-1])[0] == "tool_call_invalid", stream.name
