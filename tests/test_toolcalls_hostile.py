@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from streamwarden.core.meter import EndState
-from streamwarden.core.toolcalls import ToolCalls, arguments_step, close_step, open_step
+from streamwarden.core.toolcalls import LISTED, ToolCalls, arguments_step, close_step, open_step
 from tool_streams import BY_NAME, LIMITS, error_of
 
 GEMINI = BY_NAME["gemini"]
@@ -143,3 +143,18 @@ def test_a_vercel_close_is_judged_on_its_whole_input_not_on_the_deltas() -> None
         relay = stream.relay()
         out = relay.feed(render('{"q": ', None), 1.0) + relay.upstream_eof(2.0)
         assert error_of(stream, stream.decode(out)[-1])[0] == "tool_call_invalid", stream.name
+
+
+def test_the_calls_open_are_listed_up_to_16_and_counted() -> None:
+    relay = BY_NAME["vercel-ui"].relay()
+    opened = 100
+    relay.feed(
+        b"".join(
+            ui_part({"type": "tool-input-start", "toolCallId": f"c{n}", "toolName": "f"})
+            for n in range(opened)
+        ),
+        1.0,
+    )
+    listed = relay.open_tool_calls()
+    assert [c["id"] for c in listed] == [f"c{n}" for n in range(LISTED)]
+    assert relay.open_tool_call_count == opened

@@ -39,6 +39,7 @@ Arguments never leave this module.
 from __future__ import annotations
 
 import json
+from itertools import islice
 from typing import Any, Final
 
 __all__ = [
@@ -301,6 +302,14 @@ class ToolCalls:
     @property
     def open_calls(self) -> list[ToolCall]:
         return list(self._open.values())
+
+    def first_open(self, count: int) -> list[ToolCall]:
+        """The first ``count`` calls still open (a stream may hold thousands)."""
+        return list(islice(self._open.values(), count))
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
 
     def cut_whole(self, call_id: str, name: str, size: int) -> ToolCall:
         """A call the stream was cut inside of before it reached the relay whole (Gemini)."""
