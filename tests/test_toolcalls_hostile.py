@@ -158,3 +158,21 @@ def test_the_calls_open_are_listed_up_to_16_and_counted() -> None:
     listed = relay.open_tool_calls()
     assert [c["id"] for c in listed] == [f"c{n}" for n in range(LISTED)]
     assert relay.open_tool_call_count == opened
+
+
+def test_a_gateway_repeating_the_calls_id_on_every_chunk_keeps_one_call() -> None:
+    chat = BY_NAME["openai-chat"]
+
+    def chunk(arguments: str, finish: str | None = None) -> bytes:
+        call = {"index": 0, "id": "call_a", "type": "function"}
+        call["function"] = {"name": "lookup", "arguments": arguments}
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}
+        return f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+
+    # Split anywhere but at the whole: each piece alone is not JSON.
+    data = b"".join(chunk(piece) for piece in ('{"q', '": "a', ' b"', "}")) + b"data: [DONE]\n\n"
+    relay = chat.relay()
+    out = relay.feed(data, 1.0) + relay.upstream_eof(2.0)
+    assert out == data and relay.end_state is EndState.COMPLETED
+    (call,) = relay.meter.as_record()["tool_calls"]
+    assert (call["id"], call["end_state"], call["arguments_bytes"]) == ("call_a", "complete", 12)
