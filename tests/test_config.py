@@ -124,6 +124,15 @@ def test_routes_from_environment_as_yaml() -> None:
         ({"dialect": "klingon"}, 'dialect: "klingon" is not one of'),
         ({"max_concurrent_streams": "many"}, 'max_concurrent_streams: "many" is not an integer'),
         ({"max_concurrent_streams": -1}, "max_concurrent_streams: -1 must be at least 0"),
+        # An open tool call alone counts 256 bytes: less than 1KiB fails every call.
+        (
+            {"max_tool_arguments_bytes": 0},
+            "max_tool_arguments_bytes: 0 must be a size of at least 1KiB",
+        ),
+        (
+            {"routes": {"/v1": {"max_tool_arguments_bytes": "512"}}},
+            'routes./v1.max_tool_arguments_bytes: "512" must be a size of at least 1KiB',
+        ),
         (
             {"keepalive": "1s"},
             'keepalive: unknown key "keepalive" (did you mean "keepalive_interval"?)',
@@ -189,6 +198,15 @@ def test_check_config_accepts_a_good_file_and_rejects_a_bad_one(tmp_path: Path) 
     assert result.stderr.strip().splitlines() == [
         'streamwarden: error: keepalive_interval: "fast" is not a duration (e.g. 15s, 250ms, 2m)'
     ]
+
+
+def test_a_tool_argument_limit_under_1kib_exits_2_with_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "tools.yaml"
+    config.write_text("upstream: http://127.0.0.1:8000\nmax_tool_arguments_bytes: 0\n")
+    result = run_cli("check-config", str(config))
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "max_tool_arguments_bytes" in line and "at least 1KiB" in line, line
 
 
 def test_bad_flag_exits_2_with_one_line() -> None:

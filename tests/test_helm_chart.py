@@ -627,6 +627,7 @@ def test_readme_shows_the_three_adoption_paths_and_the_metrics() -> None:
             "at '/config': additional properties 'upstream_idle_timout' not allowed",
         ),
         ("bad-values-duration.yaml", "at '/drain_timeout'"),
+        ("bad-values-tool-arguments.yaml", "at '/config/max_tool_arguments_bytes'"),
     ],
 )
 def test_bad_values_fail_the_schema_with_a_clear_message(values_file: str, message: str) -> None:

@@ -335,7 +335,8 @@ def test_a_flood_of_calls_is_bounded_whatever_their_indices() -> None:
         out += relay.feed(chat(delta(0, [opened(index, f"call_{n}")]), done=False), 1.0)
         if relay.done:
             break
-    assert relay.done and n == limit // CALL_OVERHEAD  # the one that went over
+    # The one that went over: each call costs its bookkeeping, its key, id and name.
+    assert relay.done and limit // (CALL_OVERHEAD + 32) <= n < limit // CALL_OVERHEAD
     assert last_error(CHAT, out)[0] == "tool_call_too_large"
     tools = relay.meter.tool_calls
     assert tools is not None and len(tools.open_calls) == n and len(tools.listed) == 16

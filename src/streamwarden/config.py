@@ -199,6 +199,20 @@ def _http_url(value: object) -> str:
 
 
 HttpUrl = Annotated[str, BeforeValidator(_http_url)]
+
+#: The least ``max_tool_arguments_bytes``: an open call alone counts 256 bytes,
+#: so less would fail every tool call (it has no "off": a call is checked or broken).
+TOOL_ARGUMENTS_MIN = 1024
+
+
+def _tool_arguments_size(value: object) -> int:
+    size = parse_size(value)
+    if size < TOOL_ARGUMENTS_MIN:
+        raise ValueError("tool_arguments_size")
+    return size
+
+
+ToolArgumentsSize = Annotated[int, BeforeValidator(_tool_arguments_size)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 HostPort = Annotated[str, BeforeValidator(_host_port)]
@@ -276,6 +290,7 @@ _EXPECTED = {
     "resume_store": "is not a resume store (memory or redis://host:port/db)",
     "resume_secret": f"must be at least {RESUME_SECRET_MIN} characters, or unset",
     "http_url": "is not an http(s) URL (e.g. http://127.0.0.1:8000/metrics)",
+    "tool_arguments_size": "must be a size of at least 1KiB (an open tool call counts 256 bytes)",
 }
 
 
@@ -353,7 +368,7 @@ class RouteSettings(BaseModel):
     max_stream_duration: Duration | None = None
     client_write_timeout: Duration | None = None
     max_event_bytes: Size | None = None
-    max_tool_arguments_bytes: Size | None = None
+    max_tool_arguments_bytes: ToolArgumentsSize | None = None
     dialect: DialectName | None = None
     early_headers_after: Duration | None = None
     on_client_gone: ClientGonePolicy | None = None
@@ -400,8 +415,9 @@ class Settings(BaseModel):
     max_event_bytes: Size = 8 * 1024 * 1024
     #: Most bytes of tool-call arguments held at once per stream, to check
     #: each call's arguments whole at its close (the calls open together;
-    #: each counts 256 bytes more): past it, ``tool_call_too_large``.
-    max_tool_arguments_bytes: Size = 1024 * 1024
+    #: each counts 256 bytes more, and its id): past it, ``tool_call_too_large``.
+    #: At least 1KiB.
+    max_tool_arguments_bytes: ToolArgumentsSize = 1024 * 1024
     #: Largest request body forwarded upstream.
     max_request_body_bytes: Size = 64 * 1024 * 1024
     #: Longest request line (method, target, version) before a 414.

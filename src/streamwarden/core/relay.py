@@ -62,7 +62,14 @@ from streamwarden.core.journal import Journal, strip_ids
 from streamwarden.core.meter import EndState, GapObserver, StreamMeter
 from streamwarden.core.refusals import refusal_body
 from streamwarden.core.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
-from streamwarden.core.toolcalls import INVALID, TOO_LARGE, ToolCall, ToolCalls, starts_calls
+from streamwarden.core.toolcalls import (
+    INVALID,
+    LISTED,
+    TOO_LARGE,
+    ToolCall,
+    ToolCalls,
+    starts_calls,
+)
 from streamwarden.core.usage import HabitWatch, TakeBack, UsageRole, without_usage_null
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
@@ -265,13 +272,21 @@ class Relay:
         return self._framing
 
     def open_tool_calls(self) -> list[dict[str, object]]:
-        """The tool calls open now (id, name, bytes of arguments so far): for ``/streams``."""
+        """The first :data:`~streamwarden.core.toolcalls.LISTED` tool calls open now (id,
+        name, bytes of arguments so far): for ``/streams``, beside :attr:`open_tool_call_count`."""
         tools = self._tools
         if tools is None:
             return []
         return [
-            {"id": c.call_id, "name": c.name, "arguments_bytes": c.size} for c in tools.open_calls
+            {"id": c.call_id, "name": c.name, "arguments_bytes": c.size}
+            for c in tools.first_open(LISTED)
         ]
+
+    @property
+    def open_tool_call_count(self) -> int:
+        """How many tool calls are open now (a stream may hold thousands: few are listed)."""
+        tools = self._tools
+        return 0 if tools is None else tools.open_count
 
     @property
     def last_write(self) -> float:

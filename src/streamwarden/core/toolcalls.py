@@ -22,7 +22,11 @@ tool calls has none) follows them, with no I/O:
 - what is held stays bounded by ``max_tool_arguments_bytes``, whatever the
   input: the arguments of every open call together, each open call
   counting :data:`CALL_OVERHEAD` bytes more for its bookkeeping (so a flood
-  of calls with empty arguments is bounded too). Past it the call is
+  of calls with empty arguments is bounded too), and the key, id and name
+  it is kept by (the upstream chooses them: a 256 KiB ``toolCallId`` costs
+  256 KiB). A call's fragments are joined as they pile up (past
+  :data:`FRAGMENTS`), so that thousands of one-byte fragments hold about
+  their bytes, not a string object each. Past it the call is
   ``too_large`` (``tool_call_too_large``). A closed call keeps no
   arguments; the first :data:`LISTED` calls are kept for the stream's
   record (id, name, end state, bytes), the others only counted.
@@ -35,11 +39,13 @@ Arguments never leave this module.
 from __future__ import annotations
 
 import json
+from itertools import islice
 from typing import Any, Final
 
 __all__ = [
     "CALL_OVERHEAD",
     "COMPLETE",
+    "FRAGMENTS",
     "INVALID",
     "LISTED",
     "TOO_LARGE",
@@ -71,6 +77,8 @@ CALL_OVERHEAD: Final = 256
 LISTED: Final = 16
 #: The longest id or name kept (in characters).
 LABEL_CHARS: Final = 64
+#: The fragments a call holds apart before the newest are joined.
+FRAGMENTS: Final = 32
 
 # What a step does.
 _OPEN: Final = 0
@@ -214,7 +222,7 @@ def utf8_size(text: str) -> int:
 class ToolCall:
     """One call as followed: who it is, how many bytes of arguments came, how it ended."""
 
-    __slots__ = ("call_id", "end_state", "name", "parts", "scope", "size")
+    __slots__ = ("call_id", "cost", "end_state", "name", "parts", "scope", "size")
 
     def __init__(self, call_id: str, name: str, scope: int) -> None:
         self.call_id = call_id
@@ -222,6 +230,8 @@ class ToolCall:
         self.scope = scope
         #: Bytes of arguments received.
         self.size = 0
+        #: Bytes held for it besides its arguments: its bookkeeping, key, id and name.
+        self.cost = CALL_OVERHEAD + len(call_id) + len(name)
         #: The fragments held until the close (``None`` once closed).
         self.parts: list[str] | None = []
         #: ``None`` while open; :data:`COMPLETE`, :data:`INVALID`, ...
@@ -293,6 +303,14 @@ class ToolCalls:
     def open_calls(self) -> list[ToolCall]:
         return list(self._open.values())
 
+    def first_open(self, count: int) -> list[ToolCall]:
+        """The first ``count`` calls still open (a stream may hold thousands)."""
+        return list(islice(self._open.values(), count))
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
     def cut_whole(self, call_id: str, name: str, size: int) -> ToolCall:
         """A call the stream was cut inside of before it reached the relay whole (Gemini)."""
         call = self._new(label(call_id), label(name), 0)
@@ -329,15 +347,24 @@ class ToolCalls:
             call = None
         if call is None:
             call = self._new(step.call_id, step.name, step.scope)
+            call.cost += _key_cost(step.key)
             self._open[step.key] = call
-            self._held += CALL_OVERHEAD
+            self._held += call.cost
             return self._over(step.key, call)
         # Named again (some servers repeat the id and name on every delta).
+        self._name(call, step)
+        return self._over(step.key, call)
+
+    def _name(self, call: ToolCall, step: ToolStep) -> None:
+        """An open call gets the id and name it did not have yet: they are held too."""
         if step.call_id and not call.call_id:
             call.call_id = step.call_id
+            call.cost += len(step.call_id)
+            self._held += len(step.call_id)
         if step.name and not call.name:
             call.name = step.name
-        return None
+            call.cost += len(step.name)
+            self._held += len(step.name)
 
     def _arguments(self, step: ToolStep) -> ToolCall | None:
         call = self._open.get(step.key)
@@ -353,6 +380,8 @@ class ToolCalls:
             call.parts = None  # counted only: the dialect judges them at the close
         elif parts is not None:
             parts.append(step.text)
+            if len(parts) > FRAGMENTS:
+                _fold(parts)
         return self._over(step.key, call)
 
     def _closed(self, step: ToolStep) -> ToolCall | None:
@@ -366,12 +395,9 @@ class ToolCalls:
             if step.size > self._limit:
                 return self._end(call, TOO_LARGE)
         else:
-            if step.call_id and not call.call_id:
-                call.call_id = step.call_id
-            if step.name and not call.name:
-                call.name = step.name
+            self._name(call, step)
             del self._open[key]
-            self._held -= CALL_OVERHEAD + call.size
+            self._held -= call.cost + call.size
             if step.text is not None and step.size > self._limit:
                 return self._end(call, TOO_LARGE)
         broken = self._check(call, step.text, step.verdict)
@@ -388,7 +414,7 @@ class ToolCalls:
     def _close(self, key: object) -> ToolCall | None:
         """A call closes with the stream's end or its scope's: its fragments decide."""
         call = self._open.pop(key)
-        self._held -= CALL_OVERHEAD + call.size
+        self._held -= call.cost + call.size
         return self._check(call, None, None)
 
     def _check(
@@ -418,8 +444,31 @@ class ToolCalls:
         # The call that went over ends here, and the stream with it: what the
         # other open calls hold goes with the relay.
         del self._open[key]
-        self._held -= CALL_OVERHEAD + call.size
+        self._held -= call.cost + call.size
         return self._end(call, TOO_LARGE)
+
+
+def _key_cost(key: object) -> int:
+    """What keeping a call's key costs: an upstream's id is as long as it likes."""
+    if isinstance(key, str):
+        return len(key)
+    if isinstance(key, int):
+        return key.bit_length() >> 3  # a JSON integer may have thousands of digits
+    if isinstance(key, tuple):
+        return sum(_key_cost(part) for part in key)
+    return 0
+
+
+def _fold(parts: list[str]) -> None:
+    """Join the newest fragments while the one before is no more than twice as long.
+
+    The lengths then fall by half from the oldest to the newest: a few dozen
+    strings at most, and each byte copied a few times over, however small
+    the fragments.
+    """
+    while len(parts) > 1 and len(parts[-2]) <= 2 * len(parts[-1]):
+        last = parts.pop()
+        parts[-1] += last
 
 
 def _no_constants(name: str) -> Any:

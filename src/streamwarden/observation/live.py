@@ -45,8 +45,10 @@ def stream_view(
         "tokens": meter.tokens_generated,
         "since_last_write_s": round(now - relay.last_write, 3),
         "client": client_state(relay, paused),
-        # The calls still open: a stream that hangs inside one says which.
+        # The calls still open: a stream that hangs inside one says which
+        # (the first 16; the count says how many).
         "tool_calls_open": relay.open_tool_calls(),
+        "tool_calls_open_count": relay.open_tool_call_count,
     }
 
 

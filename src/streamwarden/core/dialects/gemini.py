@@ -93,6 +93,7 @@ from streamwarden.core.dialects.base import (
 )
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import (
+    LABEL_CHARS,
     ToolStep,
     finish_step,
     open_step,
@@ -182,18 +183,51 @@ class Gemini(Dialect):
         if start < 0:
             return None
         rest = block[start:]
-        name = _NAME.search(rest)
-        call_id = _ID.search(rest)
-        return (
-            call_id.group(1).decode("utf-8", "replace") if call_id else "",
-            name.group(1).decode("utf-8", "replace") if name else "",
-            len(rest),
-        )
+        call_id, name = _own_labels(rest)
+        return call_id, name, len(rest)
 
 
-# A name or id as far as an unfinished event spells it (escapes left out: a label only).
-_NAME = re.compile(rb'"name"\s*:\s*"([^"\\]{1,64})"')
-_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,64})"')
+# What an unfinished functionCall is read by: its strings (a key when a colon
+# follows) and its brackets; the bytes between them are skipped.
+_TOKEN = re.compile(rb'"((?:[^"\\]|\\.)*)"\s*(:?)|[{}\[\]]')
+_OBJECT_START = re.compile(rb'"functionCall"\s*:\s*\{')
+_LABELS = (b"id", b"name")
+
+
+def _own_labels(rest: bytes) -> tuple[str, str]:
+    """The id and name of the ``functionCall`` object ``rest`` starts with, as far as it came.
+
+    Only its own keys: an ``id`` or a ``name`` inside its ``args`` is an
+    argument, and arguments never leave the tracker. A label with an escape,
+    or longer than a label, is left out.
+    """
+    opened = _OBJECT_START.match(rest)
+    if opened is None:
+        return "", ""
+    found: dict[bytes, str] = {}
+    depth = 1
+    key: bytes | None = None
+    for token in _TOKEN.finditer(rest, opened.end()):
+        text = token.group(1)
+        if text is None:  # a bracket
+            depth += 1 if token.group(0) in (b"{", b"[") else -1
+            key = None
+            if depth == 0:
+                break
+        elif depth != 1:
+            continue
+        elif token.group(2):
+            key = text
+        else:
+            if (
+                key in _LABELS
+                and key not in found
+                and len(text) <= LABEL_CHARS
+                and b"\\" not in text
+            ):
+                found[key] = text.decode("utf-8", "replace")
+            key = None
+    return found.get(b"id", ""), found.get(b"name", "")
 
 
 def _candidates(candidates: Any) -> tuple[str, bool, bool, list[ToolStep] | None]:

@@ -15,7 +15,11 @@ call whole) closes it; in the UI message stream, ``tool-input-start``,
 ``tool-input-delta`` and ``tool-input-available``. A ``9:`` or
 ``tool-input-available`` with no call open is a call sent whole. The SDK's
 own ``tool-input-error`` (it found the input invalid, and says so) closes
-the call as ``invalid`` and goes on to the client as it came.
+the call as ``invalid`` and goes on to the client as it came. The close
+is judged on the whole input it carries (``9:``'s ``args``,
+``tool-input-available``'s ``input``), which is what the client runs (the
+SDK parses, and may repair, the deltas itself): an object, or broken; only
+a close without one leaves the verdict to the deltas.
 
 The SDK's stream parsers validate each part strictly, so the synthesized
 errors use exactly the documented error parts and carry the machine code
@@ -89,7 +93,9 @@ class VercelDataStream(Dialect):
             name = value.get("toolName")
             if kind == "b":
                 return Observation(calls=[open_step(key, key, name)])
-            return Observation(calls=[close_step(key, whole=True, call_id=key, name=name)])
+            verdict = _whole_input(value, "args")
+            step = close_step(key, verdict=verdict, whole=True, call_id=key, name=name)
+            return Observation(calls=[step])
         if kind == "d":
             value = load_json(payload)
             usage = value.get("usage") if isinstance(value, dict) else None
@@ -162,7 +168,10 @@ class VercelUIMessageStream(Dialect):
             if kind == "tool-input-start":
                 return Observation(calls=[open_step(key, key, name)])
             reported = kind == "tool-input-error"
-            step = close_step(key, whole=True, reported=reported, call_id=key, name=name)
+            verdict = _whole_input(obj, "input")
+            step = close_step(
+                key, verdict=verdict, whole=True, reported=reported, call_id=key, name=name
+            )
             return Observation(calls=[step])
         if kind == "error":
             return UPSTREAM_ERROR
@@ -212,6 +221,16 @@ def _call_key(part: dict[str, Any]) -> str:
     """Which call a part is about: its ``toolCallId``."""
     call_id = part.get("toolCallId")
     return call_id if isinstance(call_id, str) else ""
+
+
+def _whole_input(part: dict[str, Any], field: str) -> bool | None:
+    """The verdict on a call whose closing part carries its input whole: an object or not.
+
+    The SDK parsed (and may have repaired) the deltas itself: what the client
+    runs is this input, not the deltas. Without one, the deltas decide.
+    """
+    value = part.get(field)
+    return None if value is None else isinstance(value, dict)
 
 
 def _ui_whole_input(root: Any) -> bool:
