@@ -229,18 +229,14 @@ class Proxy:
             if held is None:
                 return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
             slot = held
+        forward = self._forward(
+            request, head, body, route, started, slot, early=early, rewritten=rewritten, usage=usage
+        )
+        # This frame lives as long as the stream: what was only for the
+        # request (its head and body) is the forwarding's to let go of.
+        del head, body, body_start, rewritten
         try:
-            return await self._forward(
-                request,
-                head,
-                body,
-                route,
-                started,
-                slot,
-                early=early,
-                rewritten=rewritten,
-                usage=usage,
-            )
+            return await forward
         finally:
             slot.release()
 
@@ -313,6 +309,8 @@ class Proxy:
             raise
         except UpstreamError as exc:
             return _refusal_for(exc, self.settings)
+        # Sent: an idle stream must not hold the request's head and body.
+        del head, body, rewritten
         plan = plan_response(
             request.method, exchange.head.status, exchange.head.headers, self._extra_types
         )
