@@ -381,6 +381,7 @@ class UpstreamConnection(asyncio.Protocol):
     def attach(self, sink: BodySink) -> None:
         """Send the body to ``sink`` from now on (and what came before it, at once)."""
         self._sink = sink
+        self._head = None  # answered: a failure from now on is the sink's to hear
         early, self._early = self._early, []
         for chunk in early:
             sink.body(chunk)

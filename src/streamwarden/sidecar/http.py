@@ -20,9 +20,10 @@ is over its high-water mark, and a way to wait until it is not.
 aiohttp offers no hook for any of these, so this module subclasses its
 per-connection ``RequestHandler``, and :class:`GuardedServer` (aiohttp's
 low-level ``Server``, which the proxy runs on) builds those. It relies on
-two attributes of ``RequestHandler`` (the count of parsed requests and the
-request being handled), both present since aiohttp 3.8, and on its
-protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
+three attributes of ``RequestHandler`` (the count of parsed requests, the
+request being handled, and the queue of parsed requests, which it makes a
+list: see :class:`_MessageQueue`), all present since aiohttp 3.8, and on
+its protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
 and ``tests/test_faults.py`` fail loudly if they change.
 """
 
@@ -52,6 +53,20 @@ log = logging.getLogger("streamwarden.proxy")
 RefusalCounter = Callable[[str], None]
 
 
+class _MessageQueue(list[Any]):
+    """The parsed requests a connection has not handled yet: aiohttp's deque, as a list.
+
+    aiohttp queues them in a ``deque``, whose first block alone is 0.6 KiB,
+    for every open connection; this holds one request at a time, a few
+    when a client pipelines (aiohttp bounds how many).
+    """
+
+    __slots__ = ()
+
+    def popleft(self) -> Any:
+        return self.pop(0)
+
+
 class _GuardedRequestHandler(RequestHandler):
     __slots__ = (
         "_header_deadline",
@@ -71,6 +86,7 @@ class _GuardedRequestHandler(RequestHandler):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._messages = _MessageQueue()  # type: ignore[assignment]
         self._on_refused = on_refused
         self._warnings = warnings
         self._header_deadline = header_deadline
@@ -285,7 +301,9 @@ def _check_aiohttp() -> None:
     hears its client leave, or a slowloris that is never cut: silently.
     """
     slots = set(getattr(RequestHandler, "__slots__", ()))
-    missing = [name for name in ("_request_count", "_current_request") if name not in slots]
+    missing = [
+        name for name in ("_request_count", "_current_request", "_messages") if name not in slots
+    ]
     missing += [
         f"RequestHandler.{name}"
         for name in ("_drain_helper", "writing_paused", "eof_received", "handle_error")

@@ -292,8 +292,7 @@ class Proxy:
                     )
                 exchange = opening.result()
             else:
-                # Awaited in this task: a task of its own would stay referenced,
-                # done, for the whole stream.
+                # In this task: a task of its own would stay, done, for the stream.
                 exchange = await self._exchange(request, head, body)
             if rewritten is not None and exchange.head.status == 400:
                 refusal = await self._injector.look_into_refusal(exchange)
@@ -309,8 +308,7 @@ class Proxy:
             raise
         except UpstreamError as exc:
             return _refusal_for(exc, self.settings)
-        # Sent: an idle stream must not hold the request's head and body.
-        del head, body, rewritten
+        del head, body, rewritten  # sent: not for an idle stream to hold
         plan = plan_response(
             request.method, exchange.head.status, exchange.head.headers, self._extra_types
         )
