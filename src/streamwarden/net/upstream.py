@@ -110,6 +110,9 @@ class ResponseHead:
     headers: CIMultiDictProxy[str]
 
 
+#: The headers of a head that went on already (:meth:`Exchange.head_relayed`).
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+
 # A connection's life: idle in the pool, or carrying one exchange.
 _IDLE = 0
 _AWAITING_HEAD = 1
@@ -674,6 +677,15 @@ class Exchange:
 
     def attach(self, sink: BodySink) -> None:
         self.connection.attach(sink)
+
+    def head_relayed(self) -> None:
+        """The head went on to the client: keep its status and reason, not its headers.
+
+        An open stream keeps its exchange, and the headers (with what
+        iterating them cached in the multidict) were about 1 KiB of it.
+        """
+        head = self.head
+        self.head = ResponseHead(head.status, head.reason, _NO_HEADERS)
 
     def finish(self) -> None:
         """Back to the pool if the exchange ended whole on both sides, else closed.

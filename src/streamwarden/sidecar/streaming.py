@@ -114,7 +114,8 @@ class Streaming:
             drop_hop_by_hop(upstream.headers.items()), drop_encoding=plan.decoded
         )
         response = head_response(upstream.status, upstream.reason, headers, flow)
-        del headers  # copied into the response: not kept for the stream's life
+        del headers, upstream  # copied into the response: not kept for the stream's life
+        exchange.head_relayed()
         # A lambda, not a coroutine function: no frame of its own in every stream.
         drive: Drive = lambda driver: driver.run(exchange)  # noqa: E731
         return self.run(request, response, stream, flow, slot, drive, exchange.finish)
@@ -139,7 +140,15 @@ class Streaming:
         self.tracker.open(stream)
         run = StreamRun(self.pipeline, stream, flow, release_upstream)
         try:
-            await self._body(request, response, run, slot, drive)
+            await response.prepare(request)
+            channel = ClientChannel(request, response)
+            await self._body(run, channel, drive)
+            # The slot goes back before the end reaches the client: it may ask
+            # again the moment it has it (an agent loop does).
+            slot.release()
+            if not channel.closed:
+                with contextlib.suppress(*CLIENT_GONE):
+                    await response.write_eof()
         except asyncio.CancelledError:
             driving = run.driving
             if driving is not None and relay.draining and not driving.done():
@@ -156,34 +165,22 @@ class Streaming:
                 run.conclude()
         return response
 
-    async def _body(
-        self,
-        request: web.BaseRequest,
-        response: web.StreamResponse,
-        run: StreamRun,
-        slot: Slot,
-        drive: Drive,
-    ) -> None:
-        """The stream's head, its body as the driver relays it, and its end to the client."""
-        await response.prepare(request)
-        channel = ClientChannel(request, response)
+    def _body(self, run: StreamRun, channel: ClientChannel, drive: Drive) -> Awaitable[None]:
+        """The stream's body as the driver relays it, once its head is sent: await it.
+
+        Not a coroutine itself: the handler's task awaits the driver's, a
+        frame less in every open stream.
+        """
         run.driver = driver = _driver(channel, run.stream, run.flow, self.deadlines)
         if run.flow.start.route.on_client_gone != "drain" and run.stream.relay.journal is None:
             # In the handler's own task: a task more per stream would be
             # memory in every open stream, and nothing outlives the client.
-            await drive(driver)
-        else:
-            # drain and detach read the upstream on after the client left.
-            # Shielded: the stream outlives the handler that aiohttp cancels
-            # when the client leaves.
-            run.driving = asyncio.ensure_future(drive(driver))
-            await asyncio.shield(run.driving)
-        # The slot goes back before the end reaches the client: it may ask
-        # again the moment it has it (an agent loop does).
-        slot.release()
-        if not channel.closed:
-            with contextlib.suppress(*CLIENT_GONE):
-                await response.write_eof()
+            return drive(driver)
+        # drain and detach read the upstream on after the client left.
+        # Shielded: the stream outlives the handler that aiohttp cancels
+        # when the client leaves.
+        run.driving = asyncio.ensure_future(drive(driver))
+        return asyncio.shield(run.driving)
 
     def _read_on(self, run: StreamRun, driving: asyncio.Future[None]) -> None:
         """Let a drained or detached stream run on past its handler, then conclude it."""
