@@ -43,8 +43,9 @@ from streamwarden.net.upstream import (
     UpstreamError,
     UpstreamUnreachable,
 )
+from streamwarden.sidecar.channel import ClientChannel
 from streamwarden.sidecar.deadlines import Deadlines, Wait
-from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
+from streamwarden.sidecar.http import CLIENT_GONE
 from streamwarden.sidecar.streams import ActiveStream
 
 __all__ = ["TURN_BUDGET", "PassThrough", "StreamDriver"]

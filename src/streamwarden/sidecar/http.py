@@ -22,7 +22,8 @@ per-connection ``RequestHandler``, and :class:`GuardedServer` (aiohttp's
 low-level ``Server``, which the proxy runs on) builds those. It relies on
 three attributes of ``RequestHandler`` (the count of parsed requests, the
 request being handled, and the queue of parsed requests, which it makes a
-list: see :class:`_MessageQueue`), all present since aiohttp 3.8, and on
+list: see :class:`_ShortDeque`, as it does the read buffer of a request body
+read to its end), all present since aiohttp 3.8, and on
 its protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
 and ``tests/test_faults.py`` fail loudly if they change.
 """
@@ -37,12 +38,21 @@ from typing import Any
 
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.observation.logs import RateLimitedWarnings
+from streamwarden.sidecar.channel import ClientChannel
 
-__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedServer", "refuse"]
+__all__ = [
+    "CLIENT_GONE",
+    "ClientChannel",
+    "GuardedServer",
+    "client_channel",
+    "let_go_of_body_buffer",
+    "refuse",
+]
 
 #: How a write to a client that has gone surfaces.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
@@ -53,18 +63,29 @@ log = logging.getLogger("streamwarden.proxy")
 RefusalCounter = Callable[[str], None]
 
 
-class _MessageQueue(list[Any]):
-    """The parsed requests a connection has not handled yet: aiohttp's deque, as a list.
+class _ShortDeque(list[Any]):
+    """One of aiohttp's deques that holds one item or none, as a list.
 
-    aiohttp queues them in a ``deque``, whose first block alone is 0.6 KiB,
-    for every open connection; this holds one request at a time, a few
-    when a client pipelines (aiohttp bounds how many).
+    A ``deque``'s first block alone is 0.6 KiB, and aiohttp keeps two for
+    as long as a stream is open: its connection's queue of parsed requests
+    (one at a time, a few when a client pipelines, bounded by aiohttp) and
+    the request body's read buffer (empty once the body is read).
     """
 
     __slots__ = ()
 
     def popleft(self) -> Any:
         return self.pop(0)
+
+    def appendleft(self, item: Any) -> None:
+        self.insert(0, item)
+
+
+def let_go_of_body_buffer(request: web.BaseRequest) -> None:
+    """Once the request's body is read to its end, its reader's deque goes (see above)."""
+    reader = request.content
+    if reader.is_eof() and not reader._buffer:
+        reader._buffer = _ShortDeque()  # type: ignore[assignment]
 
 
 class _GuardedRequestHandler(RequestHandler):
@@ -86,7 +107,7 @@ class _GuardedRequestHandler(RequestHandler):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self._messages = _MessageQueue()  # type: ignore[assignment]
+        self._messages = _ShortDeque()  # type: ignore[assignment]
         self._on_refused = on_refused
         self._warnings = warnings
         self._header_deadline = header_deadline
@@ -180,56 +201,14 @@ class _GuardedRequestHandler(RequestHandler):
         return response
 
 
-class ClientChannel:
-    """The client's side of one response once its head is sent: writes, flow, departure.
-
-    The stream driver writes to the client's transport itself (one write per
-    upstream read, chunk-framed when the response is chunked) instead of
-    awaiting ``StreamResponse.write`` per piece; aiohttp's writer still
-    sends the head before and the chunked terminator after. Three things it
-    needs from aiohttp's connection, which aiohttp does not expose, live
-    here: a callback the moment the client leaves (in the callback that read
-    its FIN or reset, three or four loop turns before aiohttp's handler
-    cancellation lands), whether the transport is over its high-water mark,
-    and a wait until it is not (the protocol's drain).
-    """
-
-    __slots__ = ("_protocol", "_transport", "chunked")
-
-    def __init__(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
-        protocol = request.protocol
-        transport = request.transport
-        if not isinstance(protocol, _GuardedRequestHandler) or transport is None:
-            raise RuntimeError("the proxy runs only behind GuardedServer's connections")
-        self._protocol = protocol
-        self._transport = transport
-        #: aiohttp chose chunked framing for this response (HTTP/1.1, no length).
-        self.chunked = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
-
-    def write(self, data: bytes) -> None:
-        transport = self._transport
-        if data and not transport.is_closing():
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
-
-    @property
-    def congested(self) -> bool:
-        """The transport is over its high-water mark: stop producing until ``writable``."""
-        return self._protocol.writing_paused
-
-    @property
-    def closed(self) -> bool:
-        return self._transport.is_closing()
-
-    async def writable(self) -> None:
-        """Until the transport is back under its low-water mark (raises if the client left)."""
-        await self._protocol._drain_helper()
-
-    def on_gone(self, callback: Callable[[], object] | None) -> None:
-        """Run ``callback`` once, the moment the client closes or resets (``None``: stop)."""
-        self._protocol.on_client_gone = callback
-
-    def abort(self) -> None:
-        self._transport.abort()
+def client_channel(request: web.BaseRequest, response: web.StreamResponse) -> ClientChannel:
+    """The client's side of ``response``, once its head is sent (see :class:`ClientChannel`)."""
+    protocol = request.protocol
+    transport = request.transport
+    if not isinstance(protocol, _GuardedRequestHandler) or transport is None:
+        raise RuntimeError("the proxy runs only behind GuardedServer's connections")
+    chunked = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
+    return ClientChannel(protocol, transport, chunked)
 
 
 # The metric label of each refusal reason (a small fixed set).
@@ -309,6 +288,8 @@ def _check_aiohttp() -> None:
         for name in ("_drain_helper", "writing_paused", "eof_received", "handle_error")
         if not hasattr(RequestHandler, name)
     ]
+    if "_buffer" not in set(getattr(StreamReader, "__slots__", ())):
+        missing.append("StreamReader._buffer")
     # GuardedServer builds each connection's handler from what Server.__init__ kept.
     kept = web.Server.__init__.__code__.co_names
     missing += [f"Server.{name}" for name in ("_kwargs", "_loop") if name not in kept]

@@ -29,10 +29,11 @@ from streamwarden.core.usage import UsageRole
 from streamwarden.net.upstream import Exchange
 from streamwarden.observation.register import Slot
 from streamwarden.pipeline import Pipeline, PipelineStream, StreamStart
+from streamwarden.sidecar.channel import ClientChannel
 from streamwarden.sidecar.deadlines import Deadlines
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.forwarding import trace_of
-from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
+from streamwarden.sidecar.http import CLIENT_GONE, client_channel
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 
 __all__ = ["StreamRun", "Streaming", "head_response"]
@@ -141,7 +142,7 @@ class Streaming:
         run = StreamRun(self.pipeline, stream, flow, release_upstream)
         try:
             await response.prepare(request)
-            channel = ClientChannel(request, response)
+            channel = client_channel(request, response)
             await self._body(run, channel, drive)
             # The slot goes back before the end reaches the client: it may ask
             # again the moment it has it (an agent loop does).
