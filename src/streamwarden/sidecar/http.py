@@ -23,7 +23,8 @@ low-level ``Server``, which the proxy runs on) builds those. It relies on
 three attributes of ``RequestHandler`` (the count of parsed requests, the
 request being handled, and the queue of parsed requests, which it makes a
 list: see :class:`_ShortDeque`, as it does the read buffer of a request body
-read to its end), all present since aiohttp 3.8, and on
+read to its end), all present since aiohttp 3.8, on the request's cache of
+its properties (:func:`travel_light`) and on
 its protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
 and ``tests/test_faults.py`` fail loudly if they change.
 """
@@ -50,8 +51,8 @@ __all__ = [
     "ClientChannel",
     "GuardedServer",
     "client_channel",
-    "let_go_of_body_buffer",
     "refuse",
+    "travel_light",
 ]
 
 #: How a write to a client that has gone surfaces.
@@ -81,8 +82,15 @@ class _ShortDeque(list[Any]):
         self.insert(0, item)
 
 
-def let_go_of_body_buffer(request: web.BaseRequest) -> None:
-    """Once the request's body is read to its end, its reader's deque goes (see above)."""
+def travel_light(request: web.BaseRequest) -> None:
+    """A stream's head is out: what its request holds for nothing any more goes.
+
+    aiohttp caches every request property it computed (a dozen by now,
+    0.5 KiB with the dict) for the request's life, which for a stream is
+    the stream's; they are computed again if asked for. And once the
+    request's body is read to its end, its reader's deque goes (above).
+    """
+    request._cache.clear()
     reader = request.content
     if reader.is_eof() and not reader._buffer:
         reader._buffer = _ShortDeque()  # type: ignore[assignment]
@@ -290,6 +298,8 @@ def _check_aiohttp() -> None:
     ]
     if "_buffer" not in set(getattr(StreamReader, "__slots__", ())):
         missing.append("StreamReader._buffer")
+    if "_cache" not in getattr(web.BaseRequest, "ATTRS", ()):
+        missing.append("BaseRequest._cache")
     # GuardedServer builds each connection's handler from what Server.__init__ kept.
     kept = web.Server.__init__.__code__.co_names
     missing += [f"Server.{name}" for name in ("_kwargs", "_loop") if name not in kept]

@@ -64,7 +64,7 @@ from streamwarden.sidecar.forwarding import (
     idempotent,
     trace_of,
 )
-from streamwarden.sidecar.http import let_go_of_body_buffer, refuse
+from streamwarden.sidecar.http import refuse
 from streamwarden.sidecar.injection import Rewritten, UsageInjector
 from streamwarden.sidecar.passthrough import pass_through
 from streamwarden.sidecar.resume import answer_resume
@@ -210,7 +210,6 @@ class Proxy:
                 return refuse(RefusalKind.EXPECTATION_FAILED)
             # Enough of the body to see '"stream": true'; it is sent on unchanged.
             body_start = await request.content.readany()
-            let_go_of_body_buffer(request)
         wants_stream = asks_for_stream(
             request.headers.get("Accept"), request.query_string, body_start
         )

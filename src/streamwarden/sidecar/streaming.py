@@ -33,7 +33,7 @@ from streamwarden.sidecar.channel import ClientChannel
 from streamwarden.sidecar.deadlines import Deadlines
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.forwarding import trace_of
-from streamwarden.sidecar.http import CLIENT_GONE, client_channel
+from streamwarden.sidecar.http import CLIENT_GONE, client_channel, travel_light
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 
 __all__ = ["StreamRun", "Streaming", "head_response"]
@@ -142,6 +142,7 @@ class Streaming:
         run = StreamRun(self.pipeline, stream, flow, release_upstream)
         try:
             await response.prepare(request)
+            travel_light(request)
             channel = client_channel(request, response)
             await self._body(run, channel, drive)
             # The slot goes back before the end reaches the client: it may ask
