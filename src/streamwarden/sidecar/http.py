@@ -92,7 +92,8 @@ def travel_light(request: web.BaseRequest) -> None:
     """
     request._cache.clear()
     reader = request.content
-    if reader.is_eof() and not reader._buffer:
+    # Not aiohttp's one shared reader of requests without a body (another class).
+    if type(reader) is StreamReader and reader.is_eof() and not reader._buffer:
         reader._buffer = _ShortDeque()  # type: ignore[assignment]
 
 
