@@ -79,6 +79,10 @@ __all__ = ["Proxy"]
 
 log = logging.getLogger("streamwarden.proxy")
 
+#: Most request paths whose resolved settings are kept (past it: resolved
+#: per request, so a client inventing paths cannot grow the map).
+_ROUTES_KEPT = 256
+
 
 class Proxy:
     """The reverse proxy; one per process, sharing one upstream connection pool."""
@@ -102,6 +106,7 @@ class Proxy:
         self.pool: UpstreamPool | None = None
         self._websockets: WebSocketRelay | None = None
         self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
+        self._routes: dict[str, ResolvedRoute] = {}
         #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
         self.telemetry: Telemetry | None = None
         if settings.otel_exporter != "none":
@@ -198,7 +203,7 @@ class Proxy:
             url = self.forwarding.websocket_url(request)
             return await self._websockets.relay(request, url, self.forwarding.headers(request))
         settings = self.settings
-        route = settings.for_path(request.path)
+        route = self._route(request.path)
         stream_limit = settings.max_concurrent_streams
         if route.resumable and self.resume is not None:
             answered = await answer_resume(self.resume, self.tracker, request, route, stream_limit)
@@ -239,6 +244,18 @@ class Proxy:
             return await forward
         finally:
             slot.release()
+
+    def _route(self, path: str) -> ResolvedRoute:
+        """The path's settings: resolved once per path (a few hundred at most), then shared.
+
+        Each open stream held a copy of its own; they are frozen.
+        """
+        route = self._routes.get(path)
+        if route is None:
+            route = self.settings.for_path(path)
+            if len(self._routes) < _ROUTES_KEPT:
+                self._routes[path] = route
+        return route
 
     def _refused(self, request: web.BaseRequest) -> web.Response | None:
         """The refusal of a request that must not reach the upstream at all, or ``None``."""
