@@ -46,6 +46,7 @@ COMPILED = [
     "streamwarden/core/dialects/openai_responses.py",
     "streamwarden/core/dialects/vercel_ai.py",
     "streamwarden/net/upstream.py",
+    "streamwarden/sidecar/channel.py",
     "streamwarden/sidecar/driver.py",
 ]
 

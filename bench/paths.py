@@ -26,6 +26,9 @@ A path is a way from the load client to the upstream:
   per-event modules run from source (``STREAMWARDEN_PURE_PYTHON=1``), what
   an install without a C compiler runs: the compiled build's gain, in the
   same windows;
+- ``sidecar-base`` (ask for it by name): ``sidecar-uvloop`` run by the
+  interpreter in ``$BENCH_BASE_PYTHON``, another build's venv: a before
+  and after of two commits in the same windows;
 - ``floor`` and ``floor-httptools`` (not in a default run; ask for them by
   name): the thinnest streaming proxy Python on uvloop can be
   (:mod:`bench.floor`), raw bytes, or with httptools parsing the response:
@@ -73,6 +76,7 @@ EXTRA_PATHS = (
     "sidecar-resume-redis",
     "sidecar-otel",
     "sidecar-source",
+    "sidecar-base",
 )
 KNOWN_PATHS = ALL_PATHS + EXTRA_PATHS
 HOST = "127.0.0.1"
@@ -89,6 +93,7 @@ _DESCRIPTIONS = {
     "sidecar-resume-redis": "streamwarden run --uvloop, on_client_gone: detach, Redis store",
     "sidecar-otel": "streamwarden run --uvloop, otel_exporter: otlp-http (a local sink)",
     "sidecar-source": "streamwarden run --uvloop, per-event modules from source (not compiled)",
+    "sidecar-base": "streamwarden run --uvloop of another build ($BENCH_BASE_PYTHON's install)",
     "floor": "bench.floor: bytes forwarded as read, uvloop, no parsing (Python's floor)",
     "floor-httptools": "bench.floor --httptools: the floor plus httptools on the response",
 }
@@ -134,6 +139,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def _base_python() -> str:
+    """The interpreter of the build ``sidecar-base`` runs: a before/after in the same windows."""
+    python = os.environ.get("BENCH_BASE_PYTHON")
+    if not python:
+        raise RuntimeError("sidecar-base needs BENCH_BASE_PYTHON: another build's venv python")
+    return python
 
 
 def _child_env() -> dict[str, str]:
@@ -315,11 +328,12 @@ def launch_path(name: str, upstream: Running, workdir: Path) -> Running:
         "sidecar-resume-redis",
         "sidecar-otel",
         "sidecar-source",
+        "sidecar-base",
     ):
         # A patched sidecar (bench.experiments) takes the same arguments.
         runner = ["bench.experiments", "+".join(patches)] if patches else ["streamwarden.cli"]
         args = [
-            sys.executable,
+            _base_python() if base == "sidecar-base" else sys.executable,
             "-m",
             *runner,
             "run",

@@ -108,6 +108,12 @@ ISSUE_11 = {
     "added": ("added latency per event, p99, over direct", "ms", 1.0, 0.5),
 }
 
+#: Issue 27's: the same CPU figures to tighter bounds, and memory at 10,000 open too.
+ISSUE_27 = {
+    "cpu": ("CPU per event", "x nginx", 1.5, 1.2),
+    "memory": ("resident memory per idle stream", "KiB", 18.0, 15.0),
+}
+
 #: The two shapes of stream load: the results key and how the tables name it.
 SHAPES = (("b_concurrency", "own phase"), ("g_aligned", "aligned"))
 
@@ -179,9 +185,68 @@ def evaluate_issue_11(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _target(
+    issue: int,
+    bounds: tuple[str, str, float, float],
+    where: str,
+    name: str,
+    value: Any,
+    nginx: Any,
+    raw: Any = None,
+) -> dict[str, Any]:
+    figure, unit, must, aim = bounds
+    return {
+        "issue": issue,
+        "target": f"{figure}{where}",
+        "path": name,
+        "measured": value,
+        "unit": unit,
+        "nginx": nginx,
+        "raw": raw,
+        "must": must,
+        "aim": aim,
+        "met": None if value is None else value <= must,
+        "aim_met": None if value is None else value <= aim,
+    }
+
+
+def evaluate_issue_27(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 27's figures: CPU per event at most 1.5x nginx's, 18 KiB per idle stream."""
+    out: list[dict[str, Any]] = []
+    for name in SIDECARS:
+        for key, shape in SHAPES:
+            for streams in (500, 1000):
+                level = _level(results, streams, key) or {}
+                out.append(
+                    _target(
+                        27,
+                        ISSUE_27["cpu"],
+                        f", {streams:,} x 20/s, {shape}",
+                        name,
+                        _get(level, name, "cpu_ratio_vs_nginx"),
+                        _get(level, "nginx", "proxy_cpu_us_per_event"),
+                        _get(level, name, "proxy_cpu_us_per_event"),
+                    )
+                )
+        for planned in (1000, 10_000):
+            idle = _idle_at(results, planned)
+            opened = _get(idle, name, "opened") or planned
+            out.append(
+                _target(
+                    27,
+                    ISSUE_27["memory"],
+                    f", {opened:,} open",
+                    name,
+                    _get(idle, name, "kib_per_stream"),
+                    _get(idle, "nginx", "kib_per_stream"),
+                )
+            )
+    return out
+
+
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 11's figures, then issue 7's targets; ``met`` is None if not measured."""
-    return evaluate_issue_11(results) + evaluate_issue_7(results)
+    """Issue 11's and 27's figures, then issue 7's targets; ``met`` is None if not measured."""
+    return evaluate_issue_11(results) + evaluate_issue_27(results) + evaluate_issue_7(results)
 
 
 def evaluate_issue_7(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -295,6 +360,7 @@ def markdown(doc: dict[str, Any]) -> str:
         ]
     yes_no = {True: "yes", False: "**no**", None: "not measured"}
     lines += _issue_11_table(doc)
+    lines += _issue_11_table(doc, issue=27)
     lines += ["## Targets (issue 7)", "", "| target | path | measured | met |", "|---|---|---|---|"]
     for t in doc["targets"]:
         if t.get("issue", 7) != 7:
@@ -466,9 +532,9 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _issue_11_table(doc: dict[str, Any]) -> list[str]:
-    """Issue 11's Speed figures: one row per figure, the sidecar's loops side by side."""
-    targets = [t for t in doc["targets"] if t.get("issue") == 11]
+def _issue_11_table(doc: dict[str, Any], issue: int = 11) -> list[str]:
+    """Issue 11's (or 27's) Speed figures: one row per figure, the sidecar's loops side by side."""
+    targets = [t for t in doc["targets"] if t.get("issue") == issue]
     names = [n for n in ("sidecar-uvloop", "sidecar") if n in doc["paths"]]
     if not targets or not names:
         return []
@@ -478,7 +544,7 @@ def _issue_11_table(doc: dict[str, Any]) -> list[str]:
         rows.setdefault(t["target"], {})[t["path"]] = t
     heads = {"sidecar-uvloop": "sidecar-uvloop (the default loop)", "sidecar": "sidecar (asyncio)"}
     lines = [
-        "## Targets (issue 11)",
+        f"## Targets (issue {issue})",
         "",
         "CPU per event as a ratio to nginx's in the same windows (each path's own µs in "
         "brackets); *must met* / *aim met* are per path, met when the figure is at or "

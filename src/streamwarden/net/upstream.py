@@ -110,6 +110,9 @@ class ResponseHead:
     headers: CIMultiDictProxy[str]
 
 
+#: The headers of a head that went on already (:meth:`Exchange.head_relayed`).
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+
 # A connection's life: idle in the pool, or carrying one exchange.
 _IDLE = 0
 _AWAITING_HEAD = 1
@@ -137,12 +140,14 @@ class UpstreamConnection(asyncio.Protocol):
         "_drain",
         "_early",
         "_early_end",
+        "_gone",
         "_head",
         "_head_error",
         "_head_only",
         "_idle_timer",
         "_keep_alive",
         "_loop",
+        "_lost",
         "_parser",
         "_pool",
         "_raw_headers",
@@ -155,7 +160,6 @@ class UpstreamConnection(asyncio.Protocol):
         "_write_paused",
         "answered",
         "exchanges",
-        "lost",
         "made",
         "request_sent",
         "transport",
@@ -190,18 +194,32 @@ class UpstreamConnection(asyncio.Protocol):
         self.answered = False
         #: The request (head and body) was written whole.
         self.request_sent = False
-        self.lost: asyncio.Future[None] = self._loop.create_future()
+        # Both futures are made only while someone waits on them: a pooled
+        # connection lives as long as its stream, and two futures were a
+        # quarter of a KiB of every idle stream.
+        self._lost: asyncio.Future[None] | None = None
+        self._gone = False
         #: Done once ``connection_made`` ran (uvloop may run it a turn after
-        #: ``create_connection`` returns).
-        self.made: asyncio.Future[None] = self._loop.create_future()
+        #: ``create_connection`` returns); ``None`` once the pool has seen it.
+        self.made: asyncio.Future[None] | None = self._loop.create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         self.transport = cast(asyncio.Transport, transport)
-        if not self.made.done():
-            self.made.set_result(None)
+        made = self.made
+        if made is not None and not made.done():
+            made.set_result(None)
+
+    @property
+    def lost(self) -> asyncio.Future[None]:
+        """Done once the connection is closed."""
+        if self._lost is None:
+            self._lost = self._loop.create_future()
+            if self._gone:
+                self._lost.set_result(None)
+        return self._lost
 
     def data_received(self, data: bytes) -> None:
         if self._state == _IDLE or self._state == _COMPLETE:
@@ -243,8 +261,10 @@ class UpstreamConnection(asyncio.Protocol):
         waiter = self._drain
         if waiter is not None and not waiter.done():
             waiter.set_exception(UpstreamBroken("the upstream connection closed"))
-        if not self.lost.done():
-            self.lost.set_result(None)
+        self._gone = True
+        lost = self._lost
+        if lost is not None and not lost.done():
+            lost.set_result(None)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -364,6 +384,7 @@ class UpstreamConnection(asyncio.Protocol):
     def attach(self, sink: BodySink) -> None:
         """Send the body to ``sink`` from now on (and what came before it, at once)."""
         self._sink = sink
+        self._head = None  # answered: a failure from now on is the sink's to hear
         early, self._early = self._early, []
         for chunk in early:
             sink.body(chunk)
@@ -593,7 +614,9 @@ class UpstreamPool:
                         ssl=self._ssl,
                         server_hostname=origin.host if self._ssl is not None else None,
                     )
-                await connection.made
+                if connection.made is not None:
+                    await connection.made
+                connection.made = None
         except TimeoutError:
             raise UpstreamUnreachable("connecting to the upstream timed out") from None
         except ssl.SSLCertVerificationError as exc:
@@ -654,6 +677,15 @@ class Exchange:
 
     def attach(self, sink: BodySink) -> None:
         self.connection.attach(sink)
+
+    def head_relayed(self) -> None:
+        """The head went on to the client: keep its status and reason, not its headers.
+
+        An open stream keeps its exchange, and the headers (with what
+        iterating them cached in the multidict) were about 1 KiB of it.
+        """
+        head = self.head
+        self.head = ResponseHead(head.status, head.reason, _NO_HEADERS)
 
     def finish(self) -> None:
         """Back to the pool if the exchange ended whole on both sides, else closed.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from streamwarden.core.meter import StreamMeter, StreamRecord
@@ -67,6 +68,9 @@ STAGES: list[type[Stage]] = [
 ]
 
 S = TypeVar("S")
+
+#: What an open stream keeps of its response's headers: nothing (shared).
+_NO_HEADERS: MappingProxyType[str, str] = MappingProxyType({})
 
 
 class Pipeline(Generic[S]):
@@ -124,8 +128,9 @@ class Pipeline(Generic[S]):
         for callback in self.on_open:
             callback(relay.meter)
         # The request's headers (its credentials among them) were for the
-        # stages' opening (a resumable stream's owner): not kept for its life.
-        stream.start = replace(start, request_headers=())
+        # stages' opening (a resumable stream's owner), the response's for
+        # the relay's framing: not kept for its life.
+        stream.start = replace(start, request_headers=(), response_headers=_NO_HEADERS)
         return stream
 
     def finish(self, entry: S, stream: PipelineStream, now: float) -> StreamRecord:

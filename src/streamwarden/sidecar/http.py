@@ -20,9 +20,12 @@ is over its high-water mark, and a way to wait until it is not.
 aiohttp offers no hook for any of these, so this module subclasses its
 per-connection ``RequestHandler``, and :class:`GuardedServer` (aiohttp's
 low-level ``Server``, which the proxy runs on) builds those. It relies on
-two attributes of ``RequestHandler`` (the count of parsed requests and the
-request being handled), both present since aiohttp 3.8, and on its
-protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
+three attributes of ``RequestHandler`` (the count of parsed requests, the
+request being handled, and the queue of parsed requests, which it makes a
+list: see :class:`_ShortDeque`, as it does the read buffer of a request body
+read to its end), all present since aiohttp 3.8, on the request's cache of
+its properties (:func:`travel_light`) and on
+its protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
 and ``tests/test_faults.py`` fail loudly if they change.
 """
 
@@ -36,12 +39,21 @@ from typing import Any
 
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.observation.logs import RateLimitedWarnings
+from streamwarden.sidecar.channel import ClientChannel
 
-__all__ = ["CLIENT_GONE", "ClientChannel", "GuardedServer", "refuse"]
+__all__ = [
+    "CLIENT_GONE",
+    "ClientChannel",
+    "GuardedServer",
+    "client_channel",
+    "refuse",
+    "travel_light",
+]
 
 #: How a write to a client that has gone surfaces.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ClientConnectionResetError)
@@ -50,6 +62,39 @@ log = logging.getLogger("streamwarden.proxy")
 
 #: Called with the reason of every connection the listener refuses itself.
 RefusalCounter = Callable[[str], None]
+
+
+class _ShortDeque(list[Any]):
+    """One of aiohttp's deques that holds one item or none, as a list.
+
+    A ``deque``'s first block alone is 0.6 KiB, and aiohttp keeps two for
+    as long as a stream is open: its connection's queue of parsed requests
+    (one at a time, a few when a client pipelines, bounded by aiohttp) and
+    the request body's read buffer (empty once the body is read).
+    """
+
+    __slots__ = ()
+
+    def popleft(self) -> Any:
+        return self.pop(0)
+
+    def appendleft(self, item: Any) -> None:
+        self.insert(0, item)
+
+
+def travel_light(request: web.BaseRequest) -> None:
+    """A stream's head is out: what its request holds for nothing any more goes.
+
+    aiohttp caches every request property it computed (a dozen by now,
+    0.5 KiB with the dict) for the request's life, which for a stream is
+    the stream's; they are computed again if asked for. And once the
+    request's body is read to its end, its reader's deque goes (above).
+    """
+    request._cache.clear()
+    reader = request.content
+    # Not aiohttp's one shared reader of requests without a body (another class).
+    if type(reader) is StreamReader and reader.is_eof() and not reader._buffer:
+        reader._buffer = _ShortDeque()  # type: ignore[assignment]
 
 
 class _GuardedRequestHandler(RequestHandler):
@@ -71,6 +116,7 @@ class _GuardedRequestHandler(RequestHandler):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._messages = _ShortDeque()  # type: ignore[assignment]
         self._on_refused = on_refused
         self._warnings = warnings
         self._header_deadline = header_deadline
@@ -164,56 +210,14 @@ class _GuardedRequestHandler(RequestHandler):
         return response
 
 
-class ClientChannel:
-    """The client's side of one response once its head is sent: writes, flow, departure.
-
-    The stream driver writes to the client's transport itself (one write per
-    upstream read, chunk-framed when the response is chunked) instead of
-    awaiting ``StreamResponse.write`` per piece; aiohttp's writer still
-    sends the head before and the chunked terminator after. Three things it
-    needs from aiohttp's connection, which aiohttp does not expose, live
-    here: a callback the moment the client leaves (in the callback that read
-    its FIN or reset, three or four loop turns before aiohttp's handler
-    cancellation lands), whether the transport is over its high-water mark,
-    and a wait until it is not (the protocol's drain).
-    """
-
-    __slots__ = ("_protocol", "_transport", "chunked")
-
-    def __init__(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
-        protocol = request.protocol
-        transport = request.transport
-        if not isinstance(protocol, _GuardedRequestHandler) or transport is None:
-            raise RuntimeError("the proxy runs only behind GuardedServer's connections")
-        self._protocol = protocol
-        self._transport = transport
-        #: aiohttp chose chunked framing for this response (HTTP/1.1, no length).
-        self.chunked = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
-
-    def write(self, data: bytes) -> None:
-        transport = self._transport
-        if data and not transport.is_closing():
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
-
-    @property
-    def congested(self) -> bool:
-        """The transport is over its high-water mark: stop producing until ``writable``."""
-        return self._protocol.writing_paused
-
-    @property
-    def closed(self) -> bool:
-        return self._transport.is_closing()
-
-    async def writable(self) -> None:
-        """Until the transport is back under its low-water mark (raises if the client left)."""
-        await self._protocol._drain_helper()
-
-    def on_gone(self, callback: Callable[[], object] | None) -> None:
-        """Run ``callback`` once, the moment the client closes or resets (``None``: stop)."""
-        self._protocol.on_client_gone = callback
-
-    def abort(self) -> None:
-        self._transport.abort()
+def client_channel(request: web.BaseRequest, response: web.StreamResponse) -> ClientChannel:
+    """The client's side of ``response``, once its head is sent (see :class:`ClientChannel`)."""
+    protocol = request.protocol
+    transport = request.transport
+    if not isinstance(protocol, _GuardedRequestHandler) or transport is None:
+        raise RuntimeError("the proxy runs only behind GuardedServer's connections")
+    chunked = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
+    return ClientChannel(protocol, transport, chunked)
 
 
 # The metric label of each refusal reason (a small fixed set).
@@ -285,12 +289,18 @@ def _check_aiohttp() -> None:
     hears its client leave, or a slowloris that is never cut: silently.
     """
     slots = set(getattr(RequestHandler, "__slots__", ()))
-    missing = [name for name in ("_request_count", "_current_request") if name not in slots]
+    missing = [
+        name for name in ("_request_count", "_current_request", "_messages") if name not in slots
+    ]
     missing += [
         f"RequestHandler.{name}"
         for name in ("_drain_helper", "writing_paused", "eof_received", "handle_error")
         if not hasattr(RequestHandler, name)
     ]
+    if "_buffer" not in set(getattr(StreamReader, "__slots__", ())):
+        missing.append("StreamReader._buffer")
+    if "_cache" not in getattr(web.BaseRequest, "ATTRS", ()):
+        missing.append("BaseRequest._cache")
     # GuardedServer builds each connection's handler from what Server.__init__ kept.
     kept = web.Server.__init__.__code__.co_names
     missing += [f"Server.{name}" for name in ("_kwargs", "_loop") if name not in kept]

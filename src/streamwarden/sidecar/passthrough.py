@@ -18,7 +18,7 @@ from streamwarden.config import ResolvedRoute
 from streamwarden.core.headers import drop_hop_by_hop
 from streamwarden.net.upstream import Exchange
 from streamwarden.sidecar.driver import PassThrough
-from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
+from streamwarden.sidecar.http import CLIENT_GONE, client_channel
 
 __all__ = ["pass_through"]
 
@@ -34,7 +34,7 @@ async def pass_through(
     copier: PassThrough | None = None
     try:
         await response.prepare(request)
-        channel = ClientChannel(request, response)
+        channel = client_channel(request, response)
         copier = PassThrough(channel, exchange, route.client_write_timeout)
         channel.on_gone(copier.client_gone)
         if await copier.run():

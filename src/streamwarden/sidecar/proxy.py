@@ -79,6 +79,10 @@ __all__ = ["Proxy"]
 
 log = logging.getLogger("streamwarden.proxy")
 
+#: Most request paths whose resolved settings are kept (past it: resolved
+#: per request, so a client inventing paths cannot grow the map).
+_ROUTES_KEPT = 256
+
 
 class Proxy:
     """The reverse proxy; one per process, sharing one upstream connection pool."""
@@ -102,6 +106,7 @@ class Proxy:
         self.pool: UpstreamPool | None = None
         self._websockets: WebSocketRelay | None = None
         self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
+        self._routes: dict[str, ResolvedRoute] = {}
         #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
         self.telemetry: Telemetry | None = None
         if settings.otel_exporter != "none":
@@ -198,7 +203,7 @@ class Proxy:
             url = self.forwarding.websocket_url(request)
             return await self._websockets.relay(request, url, self.forwarding.headers(request))
         settings = self.settings
-        route = settings.for_path(request.path)
+        route = self._route(request.path)
         stream_limit = settings.max_concurrent_streams
         if route.resumable and self.resume is not None:
             answered = await answer_resume(self.resume, self.tracker, request, route, stream_limit)
@@ -229,20 +234,28 @@ class Proxy:
             if held is None:
                 return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
             slot = held
+        forward = self._forward(
+            request, head, body, route, started, slot, early=early, rewritten=rewritten, usage=usage
+        )
+        # This frame lives as long as the stream: what was only for the
+        # request (its head and body) is the forwarding's to let go of.
+        del head, body, body_start, rewritten
         try:
-            return await self._forward(
-                request,
-                head,
-                body,
-                route,
-                started,
-                slot,
-                early=early,
-                rewritten=rewritten,
-                usage=usage,
-            )
+            return await forward
         finally:
             slot.release()
+
+    def _route(self, path: str) -> ResolvedRoute:
+        """The path's settings: resolved once per path (a few hundred at most), then shared.
+
+        Each open stream held a copy of its own; they are frozen.
+        """
+        route = self._routes.get(path)
+        if route is None:
+            route = self.settings.for_path(path)
+            if len(self._routes) < _ROUTES_KEPT:
+                self._routes[path] = route
+        return route
 
     def _refused(self, request: web.BaseRequest) -> web.Response | None:
         """The refusal of a request that must not reach the upstream at all, or ``None``."""
@@ -296,8 +309,7 @@ class Proxy:
                     )
                 exchange = opening.result()
             else:
-                # Awaited in this task: a task of its own would stay referenced,
-                # done, for the whole stream.
+                # In this task: a task of its own would stay, done, for the stream.
                 exchange = await self._exchange(request, head, body)
             if rewritten is not None and exchange.head.status == 400:
                 refusal = await self._injector.look_into_refusal(exchange)
@@ -313,6 +325,7 @@ class Proxy:
             raise
         except UpstreamError as exc:
             return _refusal_for(exc, self.settings)
+        del head, body, rewritten  # sent: not for an idle stream to hold
         plan = plan_response(
             request.method, exchange.head.status, exchange.head.headers, self._extra_types
         )

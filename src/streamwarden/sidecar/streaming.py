@@ -29,9 +29,11 @@ from streamwarden.core.usage import UsageRole
 from streamwarden.net.upstream import Exchange
 from streamwarden.observation.register import Slot
 from streamwarden.pipeline import Pipeline, PipelineStream, StreamStart
+from streamwarden.sidecar.channel import ClientChannel
+from streamwarden.sidecar.deadlines import Deadlines
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.forwarding import trace_of
-from streamwarden.sidecar.http import CLIENT_GONE, ClientChannel
+from streamwarden.sidecar.http import CLIENT_GONE, client_channel, travel_light
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 
 __all__ = ["StreamRun", "Streaming", "head_response"]
@@ -44,11 +46,13 @@ Drive = Callable[[StreamDriver], Awaitable[None]]
 class Streaming:
     """The streams of one sidecar process: opened, relayed, read on, concluded."""
 
-    __slots__ = ("_in_background", "pipeline", "tracker")
+    __slots__ = ("_in_background", "deadlines", "pipeline", "tracker")
 
     def __init__(self, pipeline: Pipeline[ActiveStream], tracker: StreamTracker) -> None:
         self.pipeline = pipeline
         self.tracker = tracker
+        #: The relays' deadlines of every stream, on one loop timer.
+        self.deadlines = Deadlines()
         #: Streams read on after their client left (on_client_gone: drain, detach).
         self._in_background: set[asyncio.Future[None]] = set()
 
@@ -87,7 +91,7 @@ class Streaming:
         flow = self.pipeline.open(start)
         return ActiveStream(flow.stream_id, flow.relay, route.route), flow
 
-    async def relay(
+    def relay(
         self,
         request: web.BaseRequest,
         exchange: Exchange,
@@ -97,8 +101,12 @@ class Streaming:
         slot: Slot,
         *,
         usage: UsageRole = None,
-    ) -> web.StreamResponse:
-        """Relay the stream the upstream answered with."""
+    ) -> Awaitable[web.StreamResponse]:
+        """Relay the stream the upstream answered with (await it: its response, when done).
+
+        Not a coroutine itself, only the stream's :meth:`run`: the frames
+        the handler's task awaits in are the memory of every idle stream.
+        """
         upstream = exchange.head
         stream, flow = self.open(
             request, route, started, plan, upstream.status, upstream.headers, usage
@@ -107,12 +115,11 @@ class Streaming:
             drop_hop_by_hop(upstream.headers.items()), drop_encoding=plan.decoded
         )
         response = head_response(upstream.status, upstream.reason, headers, flow)
-
-        async def drive(driver: StreamDriver) -> None:
-            await driver.run(exchange)
-
-        await self.run(request, response, stream, flow, slot, drive, exchange.finish)
-        return response
+        del headers, upstream  # copied into the response: not kept for the stream's life
+        exchange.head_relayed()
+        # A lambda, not a coroutine function: no frame of its own in every stream.
+        drive: Drive = lambda driver: driver.run(exchange)  # noqa: E731
+        return self.run(request, response, stream, flow, slot, drive, exchange.finish)
 
     async def run(
         self,
@@ -123,8 +130,8 @@ class Streaming:
         slot: Slot,
         drive: Drive,
         release_upstream: Callable[[], None],
-    ) -> None:
-        """Track one stream from its head to its record, whatever ends it.
+    ) -> web.StreamResponse:
+        """Track one stream from its head to its record, whatever ends it (returns ``response``).
 
         ``release_upstream`` hands the upstream side back (pooled if whole,
         else closed) once the stream is over: when this returns, or, for a
@@ -134,7 +141,16 @@ class Streaming:
         self.tracker.open(stream)
         run = StreamRun(self.pipeline, stream, flow, release_upstream)
         try:
-            await self._body(request, response, run, slot, drive)
+            await response.prepare(request)
+            travel_light(request)
+            channel = client_channel(request, response)
+            await self._body(run, channel, drive)
+            # The slot goes back before the end reaches the client: it may ask
+            # again the moment it has it (an agent loop does).
+            slot.release()
+            if not channel.closed:
+                with contextlib.suppress(*CLIENT_GONE):
+                    await response.write_eof()
         except asyncio.CancelledError:
             driving = run.driving
             if driving is not None and relay.draining and not driving.done():
@@ -149,35 +165,24 @@ class Streaming:
         finally:
             if not run.in_background:
                 run.conclude()
+        return response
 
-    async def _body(
-        self,
-        request: web.BaseRequest,
-        response: web.StreamResponse,
-        run: StreamRun,
-        slot: Slot,
-        drive: Drive,
-    ) -> None:
-        """The stream's head, its body as the driver relays it, and its end to the client."""
-        await response.prepare(request)
-        channel = ClientChannel(request, response)
-        run.driver = driver = _driver(channel, run.stream, run.flow)
+    def _body(self, run: StreamRun, channel: ClientChannel, drive: Drive) -> Awaitable[None]:
+        """The stream's body as the driver relays it, once its head is sent: await it.
+
+        Not a coroutine itself: the handler's task awaits the driver's, a
+        frame less in every open stream.
+        """
+        run.driver = driver = _driver(channel, run.stream, run.flow, self.deadlines)
         if run.flow.start.route.on_client_gone != "drain" and run.stream.relay.journal is None:
             # In the handler's own task: a task more per stream would be
             # memory in every open stream, and nothing outlives the client.
-            await drive(driver)
-        else:
-            # drain and detach read the upstream on after the client left.
-            # Shielded: the stream outlives the handler that aiohttp cancels
-            # when the client leaves.
-            run.driving = asyncio.ensure_future(drive(driver))
-            await asyncio.shield(run.driving)
-        # The slot goes back before the end reaches the client: it may ask
-        # again the moment it has it (an agent loop does).
-        slot.release()
-        if not channel.closed:
-            with contextlib.suppress(*CLIENT_GONE):
-                await response.write_eof()
+            return drive(driver)
+        # drain and detach read the upstream on after the client left.
+        # Shielded: the stream outlives the handler that aiohttp cancels
+        # when the client leaves.
+        run.driving = asyncio.ensure_future(drive(driver))
+        return asyncio.shield(run.driving)
 
     def _read_on(self, run: StreamRun, driving: asyncio.Future[None]) -> None:
         """Let a drained or detached stream run on past its handler, then conclude it."""
@@ -251,7 +256,9 @@ def head_response(
     return response
 
 
-def _driver(channel: ClientChannel, stream: ActiveStream, flow: PipelineStream) -> StreamDriver:
+def _driver(
+    channel: ClientChannel, stream: ActiveStream, flow: PipelineStream, deadlines: Deadlines
+) -> StreamDriver:
     """The stream's driver, told of its client leaving and able to stop it (a resume's stop)."""
     route = flow.start.route
     detached = stream.relay.journal is not None
@@ -263,6 +270,7 @@ def _driver(channel: ClientChannel, stream: ActiveStream, flow: PipelineStream) 
         drain_on_gone=route.on_client_gone == "drain",
         detach_window=route.resume_window if detached else None,
         holds=flow.holds,
+        deadlines=deadlines,
     )
     channel.on_gone(driver.client_gone)
     flow.stop_by(driver.stop)

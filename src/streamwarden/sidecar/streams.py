@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from streamwarden.core.meter import StreamRecord
 from streamwarden.core.relay import Relay
 from streamwarden.observation.register import StreamRegister
 
 __all__ = ["ActiveStream", "StreamRecord", "StreamTracker"]
+
+
+class Sleeper(Protocol):
+    """The stream's task, while it waits for the relay's deadline."""
+
+    def deadline_now(self) -> None:
+        """Act on the relay's deadline now, as if it had passed."""
 
 
 @dataclass(slots=True, eq=False)
@@ -24,15 +32,15 @@ class ActiveStream:
     relay: Relay
     #: The matched route prefix (the metrics label).
     route: str = "/"
-    timer: asyncio.Timeout | None = field(default=None, repr=False)
+    #: Set while the stream's task waits for the relay's deadline.
+    sleeper: Sleeper | None = field(default=None, repr=False)
     #: The client is not taking our writes (its transport is over its mark).
     paused: bool = False
 
     def wake(self) -> None:
         """Run the stream's timer now (its deadline moved sooner: the drain)."""
-        timer = self.timer
-        if timer is not None and not timer.expired():
-            timer.reschedule(asyncio.get_running_loop().time())
+        if self.sleeper is not None:
+            self.sleeper.deadline_now()
 
 
 class StreamTracker(StreamRegister[ActiveStream]):

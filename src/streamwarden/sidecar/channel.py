@@ -1,0 +1,90 @@
+"""The client's side of one response once its head is sent: writes, flow, departure.
+
+The stream driver calls :meth:`ClientChannel.write` and reads
+:attr:`ClientChannel.congested` once per upstream read, so the channel is
+compiled with it (``setup.py``'s ``COMPILED``). It knows aiohttp's
+connection only through :class:`ClientConnection`, the three things the
+listener's connection class (:mod:`streamwarden.sidecar.http`) gives it,
+and is built there, where that class is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+__all__ = ["ClientChannel", "ClientConnection", "ClientTransport"]
+
+
+class ClientConnection(Protocol):
+    """What the channel needs of aiohttp's per-connection protocol."""
+
+    #: Called once, in the callback that hears the client leave.
+    on_client_gone: Callable[[], object] | None
+
+    @property
+    def writing_paused(self) -> bool:
+        """The transport is over its high-water mark."""
+
+    def _drain_helper(self) -> Awaitable[None]:
+        """Until the transport is back under its low-water mark (raises if the client left)."""
+
+
+class ClientTransport(Protocol):
+    """The client's transport (asyncio's or uvloop's, which are alike, not related)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def abort(self) -> None: ...
+
+
+class ClientChannel:
+    """The client's side of one response once its head is sent: writes, flow, departure.
+
+    The stream driver writes to the client's transport itself (one write per
+    upstream read, chunk-framed when the response is chunked) instead of
+    awaiting ``StreamResponse.write`` per piece; aiohttp's writer still
+    sends the head before and the chunked terminator after. Three things it
+    needs from aiohttp's connection, which aiohttp does not expose, live
+    here: a callback the moment the client leaves (in the callback that read
+    its FIN or reset, three or four loop turns before aiohttp's handler
+    cancellation lands), whether the transport is over its high-water mark,
+    and a wait until it is not (the protocol's drain).
+    """
+
+    __slots__ = ("_connection", "_transport", "chunked")
+
+    def __init__(
+        self, connection: ClientConnection, transport: ClientTransport, chunked: bool
+    ) -> None:
+        self._connection = connection
+        self._transport = transport
+        #: aiohttp chose chunked framing for this response (HTTP/1.1, no length).
+        self.chunked = chunked
+
+    def write(self, data: bytes) -> None:
+        transport = self._transport
+        if data and not transport.is_closing():
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+
+    @property
+    def congested(self) -> bool:
+        """The transport is over its high-water mark: stop producing until ``writable``."""
+        return self._connection.writing_paused
+
+    @property
+    def closed(self) -> bool:
+        return self._transport.is_closing()
+
+    async def writable(self) -> None:
+        """Until the transport is back under its low-water mark (raises if the client left)."""
+        await self._connection._drain_helper()
+
+    def on_gone(self, callback: Callable[[], object] | None) -> None:
+        """Run ``callback`` once, the moment the client closes or resets (``None``: stop)."""
+        self._connection.on_client_gone = callback
+
+    def abort(self) -> None:
+        self._transport.abort()
