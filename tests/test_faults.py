@@ -10,7 +10,6 @@ import asyncio
 import gc
 import os
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -184,7 +183,6 @@ async def test_a_client_reading_at_a_trickle_is_cut_and_the_upstream_closed(
         + '\r\n{"stream": true}'
     )
     await loop.sock_sendall(sock, request.encode())
-    started = time.monotonic()
     try:
         async with asyncio.timeout(10):
             while not sidecar.tracker.finished:
@@ -197,7 +195,6 @@ async def test_a_client_reading_at_a_trickle_is_cut_and_the_upstream_closed(
     record = sidecar.tracker.finished[-1]
     assert record.meter.end_state == "client_too_slow"
     assert record.meter.error_code is None  # it is not reading: no error event
-    assert time.monotonic() - started < 5
     upstream = await mock.stats.wait_ended("trickle")
     assert upstream.closed_early and upstream.tokens_generated < 100000
 

@@ -675,8 +675,8 @@ async def test_a_decompression_bomb_keeps_memory_bounded_and_healthz_answering(
     assert healthz
     grown = peak - baseline
     assert grown < limit + 16 * 1024 * 1024, (baseline, peak)
-    # See the flood test below for why the bound is on the 95th percentile.
-    assert _percentile(healthz, 0.95) < 0.1 and healthz[-1] < 0.25, healthz[-5:]
+    # See the flood test below for why the bounds are where they are.
+    assert _percentile(healthz, 0.95) < 0.25 and healthz[-1] < 1.0, healthz[-5:]
 
 
 # Times GET /healthz in a loop, one line per answer, until stdin closes.
@@ -800,10 +800,11 @@ async def test_a_flooding_stream_starves_neither_healthz_nor_another_stream() ->
     # The bound is on the 95th percentile; the tail beyond it is the OS
     # scheduler on a 2-core machine running five busy processes (measured:
     # median 15 ms, a few outliers to 100 ms with two other test suites
-    # running). A starved loop shows seconds: before the per-turn budget,
-    # /healthz waited 9 s behind this flood.
-    assert _percentile(delays, 0.95) < 0.05 and delays[-1] < 0.25, delays[-5:]
-    assert _percentile(healthz, 0.95) < 0.05 and healthz[-1] < 0.25, healthz[-5:]
+    # running; 0.58 s once at a load of 4). A starved loop shows seconds:
+    # before the per-turn budget, /healthz waited 9 s behind this flood. The
+    # bounds sit between the two, so that a busy machine is not a failure.
+    assert _percentile(delays, 0.95) < 0.25 and delays[-1] < 1.0, delays[-5:]
+    assert _percentile(healthz, 0.95) < 0.25 and healthz[-1] < 1.0, healthz[-5:]
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:
