@@ -129,23 +129,8 @@ def evaluate_issue_11(results: dict[str, Any]) -> list[dict[str, Any]]:
     idle = _idle_at(results, 1000)
 
     def add(kind: str, where: str, name: str, value: Any, nginx: Any, raw: Any = None) -> None:
-        figure, unit, must, aim = ISSUE_11[kind]
-        out.append(
-            {
-                "issue": 11,
-                "target": f"{figure}{where}",
-                "path": name,
-                "measured": value,
-                "unit": unit,
-                "nginx": nginx,
-                # The path's own figure where ``measured`` is a ratio (CPU: µs per event).
-                "raw": raw,
-                "must": must,
-                "aim": aim,
-                "met": None if value is None else value <= must,
-                "aim_met": None if value is None else value <= aim,
-            }
-        )
+        # ``raw``: the path's own figure where ``measured`` is a ratio (CPU: µs per event).
+        out.append(_target(11, ISSUE_11[kind], where, name, value, nginx, raw))
 
     for name in SIDECARS:
         for key, shape in SHAPES:

@@ -42,7 +42,12 @@ from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEFramer
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, mock_text
-from vercel_reader import VercelStreamError, node_and_ai_sdk, raise_if_failed, read_ui_stream
+from vercel_reader import (
+    VercelStreamError,
+    raise_if_failed,
+    read_ui_stream,
+    sdk_param,
+)
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
@@ -261,15 +266,7 @@ SDKS = [
 
 
 def sdk_params() -> list[Any]:
-    skip = node_and_ai_sdk()
-    return [
-        pytest.param(
-            sdk,
-            id=sdk.name,
-            marks=[pytest.mark.skip(reason=skip)] if sdk.name == "vercel-ai" and skip else [],
-        )
-        for sdk in SDKS
-    ]
+    return [sdk_param(sdk, sdk.name) for sdk in SDKS]
 
 
 # -- replays --------------------------------------------------------------------------

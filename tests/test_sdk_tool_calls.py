@@ -40,7 +40,12 @@ from middleware_apps import serve_in_process
 from sidecars import sidecars
 from streamwarden.core.sse import SSEFramer
 from streamwarden.middleware import StreamWardenMiddleware
-from vercel_reader import VercelStreamError, node_and_ai_sdk, raise_if_failed, read_ui_stream
+from vercel_reader import (
+    VercelStreamError,
+    raise_if_failed,
+    read_ui_stream,
+    sdk_param,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -242,15 +247,7 @@ def cut_inside_a_call(case: Case) -> bytes:
 
 
 def case_params() -> list[Any]:
-    reason = node_and_ai_sdk()
-    return [
-        pytest.param(
-            case,
-            id=case.name,
-            marks=[pytest.mark.skip(reason=reason)] if case.name == "vercel-ai" and reason else [],
-        )
-        for case in CASES
-    ]
+    return [sdk_param(case, case.name) for case in CASES]
 
 
 # -- the three ways to the SDK --------------------------------------------------------

@@ -14,6 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 JS = Path(__file__).parent / "js"
 
 
@@ -33,6 +35,12 @@ def node_and_ai_sdk() -> str | None:
     if not (JS / "node_modules" / "ai" / "package.json").exists():
         return "the Vercel AI SDK is not installed (npm ci --prefix tests/js)"
     return None
+
+
+def sdk_param(value: object, name: str) -> Any:
+    """A ``pytest.param`` of one SDK's case, skipped for the Vercel AI SDK where it cannot run."""
+    reason = node_and_ai_sdk() if name == "vercel-ai" else None
+    return pytest.param(value, id=name, marks=[pytest.mark.skip(reason=reason)] if reason else [])
 
 
 async def read_ui_stream(url: str, headers: dict[str, str]) -> dict[str, Any]:
