@@ -38,12 +38,15 @@ __all__ = ["PATCHES", "apply"]
 
 
 def _no_gap_metrics() -> None:
-    from streamwarden.observation.metrics import StreamMetrics
+    from streamwarden.sidecar.proxy import Proxy
 
-    def observe_gap(self: StreamMetrics, seconds: float) -> None:
-        return None
+    original = Proxy.__init__
 
-    StreamMetrics.observe_gap = observe_gap  # type: ignore[method-assign]
+    def without_gaps(self: Proxy, *args: object, **kwargs: object) -> None:
+        kwargs["gap_observer"] = None
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    Proxy.__init__ = without_gaps  # type: ignore[method-assign]
 
 
 def _no_batch() -> None:

@@ -85,7 +85,7 @@ class StreamWardenMiddleware:
                     self.settings,
                     self.metrics,
                     self.resume,
-                    self.metrics.observe_gap,
+                    self.metrics.inter_token.counts,
                 ),
                 self.streams,
             ),

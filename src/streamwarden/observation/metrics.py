@@ -12,7 +12,6 @@ configured route prefix. Never a raw path, a model name or a user.
 from __future__ import annotations
 
 import asyncio
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -27,7 +26,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from streamwarden.core.meter import StreamRecord
+from streamwarden.core.meter import GapCounts, StreamRecord
 
 __all__ = ["CONTENT_TYPE_LATEST", "StreamMetrics", "metric_table"]
 
@@ -60,8 +59,9 @@ class GapHistogram(Collector):
 
     ``prometheus_client``'s ``Histogram.observe`` takes a lock and walks
     its buckets on every call: about a microsecond, on the path of every
-    token. The faces observe from their event loop only, so two list
-    increments do; a scrape from another thread reads plain integers.
+    token. The counting is :class:`~streamwarden.core.meter.GapCounts`
+    (:attr:`counts`), compiled with the meter that calls it; this collector
+    reads it at a scrape.
     """
 
     def __init__(
@@ -69,28 +69,26 @@ class GapHistogram(Collector):
     ) -> None:
         self._name = name
         self._documentation = documentation
-        self._bounds = buckets
-        #: One count per bucket (not cumulative), the last one for +Inf.
-        self._counts = [0] * (len(buckets) + 1)
-        self._sum = 0.0
+        #: What the meters count into (``gap_observer`` of the faces' pipelines).
+        self.counts = GapCounts(buckets)
         self._labelnames: tuple[str, ...] = ()
         registry.register(self)
 
     def observe(self, value: float) -> None:
-        self._counts[bisect_left(self._bounds, value)] += 1
-        self._sum += value
+        self.counts.observe(value)
 
     def describe(self) -> Iterator[Metric]:
         yield HistogramMetricFamily(self._name, self._documentation)
 
     def collect(self) -> Iterator[Metric]:
+        counts = self.counts
         cumulative = 0
         buckets: list[tuple[str, float]] = []
-        for bound, count in zip((*self._bounds, float("inf")), self._counts, strict=True):
+        for bound, count in zip((*counts.bounds, float("inf")), list(counts.counts), strict=True):
             cumulative += count
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
         yield HistogramMetricFamily(
-            self._name, self._documentation, buckets=buckets, sum_value=self._sum
+            self._name, self._documentation, buckets=buckets, sum_value=counts.total
         )
 
 

@@ -57,7 +57,7 @@ class Sidecar:
         self.proxy = Proxy(
             settings,
             self.tracker,
-            gap_observer=self.metrics.observe_gap,
+            gap_observer=self.metrics.inter_token.counts,
             websocket_listener=self.metrics.websocket_session,
             metrics=self.metrics,
         )
