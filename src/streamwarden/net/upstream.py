@@ -45,7 +45,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -114,11 +114,12 @@ class ResponseHead:
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 # A connection's life: idle in the pool, or carrying one exchange.
-_IDLE = 0
-_AWAITING_HEAD = 1
-_BODY = 2
-_COMPLETE = 3
-_CLOSED = 4
+# (Final: the compiled build inlines them; each read tests the state.)
+_IDLE: Final = 0
+_AWAITING_HEAD: Final = 1
+_BODY: Final = 2
+_COMPLETE: Final = 3
+_CLOSED: Final = 4
 
 _CONNECT_ERRORS = (OSError, ssl.SSLError, TimeoutError)
 

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import ClientConnectionResetError, web
+from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
@@ -290,7 +291,9 @@ def _check_aiohttp() -> None:
     """
     slots = set(getattr(RequestHandler, "__slots__", ()))
     missing = [
-        name for name in ("_request_count", "_current_request", "_messages") if name not in slots
+        name
+        for name in ("_request_count", "_current_request", "_messages", "_paused")
+        if name not in slots and name not in getattr(BaseProtocol, "__slots__", ())
     ]
     missing += [
         f"RequestHandler.{name}"

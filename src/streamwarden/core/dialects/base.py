@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from streamwarden.core.dialects.raw import RawText as RawText
 from streamwarden.core.sse import Event
@@ -82,9 +82,9 @@ class Observation:
 #: The observation for events that mean nothing to the relay (pings,
 #: lifecycle events, unparsable data). Shared, so the hot path allocates
 #: nothing for them.
-NOTHING = Observation()
-TERMINAL = Observation(terminal=True)
-UPSTREAM_ERROR = Observation(error=True)
+NOTHING: Final = Observation()
+TERMINAL: Final = Observation(terminal=True)
+UPSTREAM_ERROR: Final = Observation(error=True)
 
 
 #: A place of text in an event's decoded data: ``container[key]`` is the string.
