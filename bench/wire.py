@@ -4,37 +4,43 @@ Both ends are deliberately hand-rolled and minimal (no aiohttp, no h11): the
 harness measures a proxy by the delay it adds, so the code on either side of
 it must be cheaper per event than the proxy, or the harness would measure
 itself. Each token event carries the upstream's send time as 19 decimal
-digits of ``time.monotonic_ns()`` inside the OpenAI chunk's ``id``, where a
-real chunk carries its completion id; CLOCK_MONOTONIC is one system-wide
-clock on Linux, so the client (another process) subtracts it from its own
-receive time.
+digits of ``time.monotonic_ns()`` in the chunk's last member,
+``obfuscation``, where OpenAI's chunks carry a string that changes from
+chunk to chunk (padding against length side channels); CLOCK_MONOTONIC is
+one system-wide clock on Linux, so the client (another process) subtracts
+it from its own receive time. The ``id`` stays the same through a stream,
+as a real server's completion id does. (Until 2026-12-03 the stamp was the
+``id``, which made every chunk's first bytes differ, as no server's do.)
 """
 
 from __future__ import annotations
 
 #: What precedes the send stamp in every stamped event.
-STAMP_MARK = b'{"id":"chatcmpl-'
+STAMP_MARK = b'"obfuscation":"'
 STAMP_DIGITS = 19
 
-# An OpenAI Chat Completions chunk as vLLM and OpenAI send it (about 230
-# bytes), so the proxies parse and meter exactly what they would in production.
+# An OpenAI Chat Completions chunk as OpenAI sends it (about 260 bytes), so
+# the proxies parse and meter exactly what they would in production.
 _TOKEN_EVENT = (
-    b'data: {"id":"chatcmpl-%019d","object":"chat.completion.chunk","created":1700000000,'
-    b'"model":"bench-model","system_fingerprint":"fp_bench","choices":[{"index":0,'
-    b'"delta":{"content":"%s"},"logprobs":null,"finish_reason":null}]}\n\n'
+    b'data: {"id":"chatcmpl-BqA7wYk3Zt0eLm4NcR9sXv2HdPfGu","object":"chat.completion.chunk",'
+    b'"created":1700000000,"model":"bench-model","system_fingerprint":"fp_bench",'
+    b'"choices":[{"index":0,"delta":{"content":"%s"},"logprobs":null,"finish_reason":null}],'
+    b'"usage":null,"obfuscation":"%019d"}\n\n'
 )
 _FINAL_EVENTS = (
-    b'data: {"id":"chatcmpl-%019d","object":"chat.completion.chunk","created":1700000000,'
-    b'"model":"bench-model","system_fingerprint":"fp_bench","choices":[{"index":0,'
-    b'"delta":{},"logprobs":null,"finish_reason":"stop"}],'
-    b'"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+    b'data: {"id":"chatcmpl-BqA7wYk3Zt0eLm4NcR9sXv2HdPfGu","object":"chat.completion.chunk",'
+    b'"created":1700000000,"model":"bench-model","system_fingerprint":"fp_bench",'
+    b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d},'
+    b'"obfuscation":"%019d"}\n\n'
     b"data: [DONE]\n\n"
 )
 _COMPLETION = (
-    b'{"id":"chatcmpl-%019d","object":"chat.completion","created":1700000000,'
-    b'"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant",'
-    b'"content":"%s"},"finish_reason":"stop"}],'
-    b'"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}'
+    b'{"id":"chatcmpl-BqA7wYk3Zt0eLm4NcR9sXv2HdPfGu","object":"chat.completion",'
+    b'"created":1700000000,"model":"bench-model","choices":[{"index":0,"message":'
+    b'{"role":"assistant","content":"%s"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d},'
+    b'"obfuscation":"%019d"}'
 )
 TOKENS = (b" The", b" quick", b" brown", b" fox", b" jumps", b" over", b" the", b" lazy", b" dog")
 
@@ -54,16 +60,16 @@ REQUEST_BODY = (
 
 
 def token_event(stamp_ns: int, index: int) -> bytes:
-    return _TOKEN_EVENT % (stamp_ns, TOKENS[index % len(TOKENS)])
+    return _TOKEN_EVENT % (TOKENS[index % len(TOKENS)], stamp_ns)
 
 
 def final_events(stamp_ns: int, tokens: int) -> bytes:
-    return _FINAL_EVENTS % (stamp_ns, tokens, tokens + 12)
+    return _FINAL_EVENTS % (tokens, tokens + 12, stamp_ns)
 
 
 def completion_body(stamp_ns: int, tokens: int) -> bytes:
     text = b"".join(TOKENS[i % len(TOKENS)] for i in range(tokens))
-    return _COMPLETION % (stamp_ns, text, tokens, tokens + 12)
+    return _COMPLETION % (text, tokens, tokens + 12, stamp_ns)
 
 
 def chunk(payload: bytes) -> bytes:
