@@ -336,7 +336,12 @@ def _at(data: str, literal: str, pos: int) -> bool:
 
 
 def _integer(data: str, pos: int) -> int:
-    """Past the JSON integer at ``pos`` (``-1``: none); a fraction or exponent stops it short."""
+    """Past the JSON integer at ``pos`` (``-1``: none); a fraction or exponent stops it short.
+
+    At most 19 digits: a longer run is a number the parsers may refuse
+    (``json`` past 4,300 digits, orjson past a double's range), which the
+    parse must decide.
+    """
     n = len(data)
     if pos < n and data[pos] == "-":
         pos += 1
@@ -347,9 +352,12 @@ def _integer(data: str, pos: int) -> int:
         return pos + 1
     if not 0x31 <= first <= 0x39:
         return -1
+    last = min(n, pos + 19)
     pos += 1
-    while pos < n and 0x30 <= ord(data[pos]) <= 0x39:
+    while pos < last and 0x30 <= ord(data[pos]) <= 0x39:
         pos += 1
+    if pos < n and 0x30 <= ord(data[pos]) <= 0x39:
+        return -1  # a twentieth digit
     return pos
 
 
