@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import re
 import shutil
@@ -39,27 +38,16 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from bench.fixtures import long_openai_stream
 from streamwarden.core.filters import FilterRule, compile_filters
 from streamwarden.core.relay import Limits, Relay
 
-_FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "make_long_openai.py"
 _BUILTINS = (
     FilterRule("builtin", "secrets", "redact", "secrets"),
     FilterRule("builtin", "cards", "redact", "cards"),
 )
-
-
-def long_stream(events: int) -> bytes:
-    spec = importlib.util.spec_from_file_location("make_long_openai", _FIXTURE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_long_openai"] = module
-    spec.loader.exec_module(module)
-    stream: bytes = module.long_openai_stream(events)
-    return stream
 
 
 def _one_pass(reads: list[bytes], filtered: bool) -> float:
@@ -234,7 +222,7 @@ def _instructions(passes: int, filtered: bool, pattern: str) -> int:
 
 def instructions_per_event(passes: int) -> dict[str, Any]:
     """Instructions per event, with and without filters, counted by callgrind."""
-    events = long_stream(2000).count(b"\n\n")
+    events = long_openai_stream(2000).count(b"\n\n")
     out: dict[str, Any] = {}
     for pattern in _patterns(b""):
         per: dict[str, float] = {}
@@ -250,7 +238,7 @@ def instructions_per_event(passes: int) -> dict[str, Any]:
 
 
 def filters_cost(args: argparse.Namespace) -> int:
-    stream = long_stream(2000)
+    stream = long_openai_stream(2000)
     result = {"cpu": cpu_per_event(stream, args.rounds)}
     print(json.dumps(result["cpu"], indent=2), flush=True)
     if args.instructions:
@@ -260,7 +248,7 @@ def filters_cost(args: argparse.Namespace) -> int:
             result["instructions"] = instructions_per_event(args.passes)
             print(json.dumps(result["instructions"], indent=2), flush=True)
     if not args.no_latency:
-        short = long_stream(args.events)
+        short = long_openai_stream(args.events)
         result["hold"] = asyncio.run(hold_latency(short, args.streams, args.tps))
         print(json.dumps(result["hold"], indent=2), flush=True)
     print("JSON " + json.dumps(result), flush=True)
@@ -269,7 +257,7 @@ def filters_cost(args: argparse.Namespace) -> int:
 
 def _count(passes: int, filtered: bool, pattern: str) -> None:
     """Under callgrind: one warm-up pass (compiles, caches), then ``passes`` counted ones."""
-    reads = _patterns(long_stream(2000))[pattern]
+    reads = _patterns(long_openai_stream(2000))[pattern]
     for _ in range(passes + 1):
         _one_pass(reads, filtered)
 

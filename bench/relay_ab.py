@@ -13,31 +13,15 @@ the tool-call stream is the recorded ``openai_chat_tool_call.sse`` repeated
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
-from pathlib import Path
+
+from bench.fixtures import FIXTURES, long_openai_stream
 
 try:  # the layout since issue 26; an older build has the flat names only
     from streamwarden.core.relay import Limits, Relay
 except ImportError:  # pragma: no cover - a build from before the move
     from streamwarden.relay import Limits, Relay  # type: ignore[no-redef]
-
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures"
-
-
-def _text_stream() -> bytes:
-    spec = importlib.util.spec_from_file_location(
-        "make_long_openai", FIXTURES / "make_long_openai.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_long_openai"] = module
-    spec.loader.exec_module(module)
-    stream: bytes = module.long_openai_stream(2000)
-    return stream
 
 
 def _tool_stream() -> bytes:
@@ -72,7 +56,7 @@ def main() -> None:
 
     result = {
         "build": native_summary(),
-        "text_us_per_event": round(per_event(_text_stream(), 7), 3),
+        "text_us_per_event": round(per_event(long_openai_stream(2000), 7), 3),
         "tool_call_us_per_event": round(per_event(_tool_stream(), 7), 3),
     }
     print(json.dumps(result))

@@ -6,24 +6,13 @@ The stream arrives in 1,400-byte reads, about what a TCP socket hands over.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from bench.fixtures import long_openai_stream
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEDecoder, SSEFramer
 
-_spec = importlib.util.spec_from_file_location(
-    "make_long_openai", Path(__file__).parent.parent / "tests" / "fixtures" / "make_long_openai.py"
-)
-assert _spec is not None and _spec.loader is not None
-_module = importlib.util.module_from_spec(_spec)
-sys.modules["make_long_openai"] = _module
-_spec.loader.exec_module(_module)
-
-STREAM: bytes = _module.long_openai_stream(2000)
+STREAM = long_openai_stream(2000)
 READS = [STREAM[i : i + 1400] for i in range(0, len(STREAM), 1400)]
 EVENTS = len(SSEDecoder().feed(STREAM))
 

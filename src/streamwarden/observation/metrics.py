@@ -291,9 +291,6 @@ class StreamMetrics:
     def connection_refused(self, reason: str) -> None:
         self.refused.labels(reason).inc()
 
-    def observe_gap(self, seconds: float) -> None:
-        self.inter_token.observe(seconds)
-
     def stream_finished(self, record: StreamRecord) -> None:
         meter = record.meter
         dialect = record.dialect
