@@ -39,6 +39,7 @@ from streamwarden.core.relay import ErrorCode, Relay
 from streamwarden.net.upstream import (
     Exchange,
     HeadTimeout,
+    NativeSink,
     ResponseHead,
     UpstreamError,
     UpstreamUnreachable,
@@ -55,8 +56,12 @@ __all__ = ["TURN_BUDGET", "PassThrough", "StreamDriver"]
 TURN_BUDGET = 4 * 1024
 
 
-class _Conduit:
-    """What both bodies share: output gathered per read, client flow control."""
+class _Conduit(NativeSink):
+    """What both bodies share: output gathered per read, client flow control.
+
+    A :class:`NativeSink`, so the upstream connection calls ``body`` and
+    ``read_done`` directly.
+    """
 
     __slots__ = (
         "_channel",
