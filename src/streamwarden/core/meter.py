@@ -100,7 +100,9 @@ class GapCounts:
                 low = middle + 1
             else:
                 high = middle
-        self.counts[low] += 1
+        counts = self.counts
+        # Not ``counts[low] += 1``: mypyc adds to a list item as to any object.
+        counts[low] = counts[low] + 1
         self.total += value
 
 

@@ -363,7 +363,7 @@ class SSEFramer:
             if not chunk.startswith(b"data:"):
                 return None
             start = 6 if chunk[5] == _SPACE else 5
-            data = chunk[start : n - 2].decode("utf-8", "replace")
+            data = _text(chunk[start : n - 2])
             return [Frame(chunk, Event("message", data, self._last_id))]
         first = chunk.find(b"\n")
         if chunk.find(b"\n", first + 1) != n - 2:
@@ -371,11 +371,11 @@ class SSEFramer:
         if not chunk.startswith(b"event:") or not chunk.startswith(b"data:", first + 1):
             return None
         name_start = 7 if chunk[6] == _SPACE else 6
-        kind = chunk[name_start:first].decode("utf-8", "replace") or "message"
+        kind = _text(chunk[name_start:first]) or "message"
         value = first + 6  # past "data:" on the second line
         if chunk[value] == _SPACE:
             value += 1
-        data = chunk[value : n - 2].decode("utf-8", "replace")
+        data = _text(chunk[value : n - 2])
         return [Frame(chunk, Event(kind, data, self._last_id))]
 
     def close(self) -> list[Frame]:
@@ -509,6 +509,19 @@ def _decode(buf: bytearray, start: int, end: int) -> str:
         return buf[start:end].decode("utf-8", "replace")
     with memoryview(buf) as view:
         return str(view[start:end], "utf-8", "replace")
+
+
+def _text(raw: bytes) -> str:
+    """``raw`` decoded as :func:`_decode` does, the cheap way for valid UTF-8.
+
+    The strict decode is one direct call in the compiled build; naming an
+    error handler makes CPython look the codec up by its name on every call
+    (about 300 instructions an event). Only invalid bytes pay twice.
+    """
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace")
 
 
 def _joined(buf: bytearray, spans: list[int]) -> str:
