@@ -220,6 +220,24 @@ data_heavy_streams = st.lists(
 
 
 @SETTINGS
+@given(
+    st.lists(st.sampled_from([p for p in PIECES if b"\r" not in p and b"\n" not in p])).map(
+        b"".join
+    ),
+    st.sampled_from([b"", b"event: delta\n", b"event:\xff\xfe\n"]),
+)
+def test_a_read_that_is_one_whole_event_decodes_as_the_reference_whatever_its_bytes(
+    value: bytes, event_line: bytes
+) -> None:
+    """One event per read, with nothing held, is read the short way: its value (valid
+    UTF-8 or not) decodes as in the spec's stream-wide decode."""
+    stream = b"data: x\n\n" + event_line + b"data: " + value + b"\n\n"
+    framer = SSEFramer()
+    frames = framer.feed(b"data: x\n\n") + framer.feed(stream[len(b"data: x\n\n") :])
+    assert events_of(frames) == reference_decode(stream)[0]
+
+
+@SETTINGS
 @given(chunked(data_heavy_streams))
 @example((b"data:a\n" * 40 + b"\n", [b"data:a\n" * 20, b"data:a\n" * 20 + b"\n"]))
 def test_events_of_many_data_lines_match_the_reference_at_any_chunking(
