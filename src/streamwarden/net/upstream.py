@@ -16,7 +16,10 @@ read, which was most of the sidecar's CPU per event. Here:
 - one :class:`UpstreamConnection` (an ``asyncio.Protocol``) per socket owns
   an ``httptools`` response parser (llhttp, the parser uvicorn uses). Its
   body callback hands each parsed chunk straight to the response's
-  :class:`BodySink` inside ``data_received``; nothing is queued in between;
+  :class:`BodySink` inside ``data_received``; nothing is queued in between.
+  While the parser stands between two chunks, a read of whole plain chunks
+  (the usual one event per read) is read here without it, and it goes on
+  from the first byte not taken;
 - :class:`UpstreamPool` keeps idle connections (LIFO, bounded in number,
   each closed after ``upstream_keepalive_timeout``) and hands out only those
   that have been silent since their last response ended cleanly. A
