@@ -48,10 +48,15 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Protocol, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
+
+if TYPE_CHECKING:
+    # A machine integer in the compiled build (a plain int otherwise): the
+    # read of a chunk's size line keeps its indexes unboxed.
+    from mypy_extensions import i64
 
 __all__ = [
     "BodySink",
@@ -196,10 +201,10 @@ def _chunk_head(data: bytes, pos: int) -> tuple[int, int]:
     writes it: hex digits, then CRLF. Extensions, spaces, an overlong size
     or a line the read cut short are the parser's.
     """
-    n = len(data)
-    size = 0
-    i = pos
-    limit = min(n, pos + _SIZE_DIGITS)
+    n: i64 = len(data)
+    size: i64 = 0
+    i: i64 = pos
+    limit: i64 = min(n, i + _SIZE_DIGITS)
     while i < limit:
         digit = _hex_digit(data[i])
         if digit < 0:
@@ -211,7 +216,7 @@ def _chunk_head(data: bytes, pos: int) -> tuple[int, int]:
     return size, i + 2
 
 
-def _hex_digit(byte: int) -> int:
+def _hex_digit(byte: i64) -> i64:
     if 0x30 <= byte <= 0x39:  # 0-9
         return byte - 0x30
     if 0x61 <= byte <= 0x66:  # a-f

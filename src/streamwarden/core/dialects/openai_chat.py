@@ -21,7 +21,7 @@ openai-python raises ``APIError`` on any event whose JSON data has a truthy
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from streamwarden.core.dialects.base import (
     NOTHING,
@@ -38,6 +38,11 @@ from streamwarden.core.dialects.base import (
 )
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import ToolStep, arguments_step, finish_step, open_step
+
+if TYPE_CHECKING:
+    # A machine integer in the compiled build (a plain int otherwise): the
+    # scan of a string's characters keeps its index unboxed.
+    from mypy_extensions import i64
 
 _DELTA_TEXT_FIELDS: Final = frozenset({"content", "reasoning_content", "reasoning", "refusal"})
 
@@ -302,15 +307,16 @@ def _plain_member(data: str, pos: int) -> int:
     return _integer(data, pos)
 
 
-def _string_end(data: str, pos: int) -> int:
+def _string_end(data: str, start: int) -> int:
     """The closing quote of a JSON string with no escapes, its first character at ``pos``.
 
     ``-1`` at a backslash (an escape: the parser decodes those) or a control
     character (JSON refuses them raw), or if the string never closes.
     """
-    n = len(data)
+    n: i64 = len(data)
+    pos: i64 = start
     while pos < n:
-        c = ord(data[pos])
+        c: i64 = ord(data[pos])
         if c == 0x22:
             return pos
         if c < 0x20 or c == 0x5C:
