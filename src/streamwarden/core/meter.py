@@ -63,9 +63,14 @@ class EndState(StrEnum):
 _ONE_TOKEN_BYTES: Final = 12
 
 
+#: ``str.isascii`` as a function: the compiled build calls a method of a
+#: builtin by looking it up by name, where this is one direct call.
+_IS_ASCII: Final = str.isascii
+
+
 def estimate_tokens(text: str) -> int:
     """Estimated tokens in one content event's text (see the module docstring)."""
-    size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+    size = len(text) if _IS_ASCII(text) else len(text.encode("utf-8", "replace"))
     return 1 if size <= _ONE_TOKEN_BYTES else size // 4
 
 

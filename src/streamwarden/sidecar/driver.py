@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
+from typing import Final
 
 from streamwarden.core.inflate import InflateError, Inflater
 from streamwarden.core.plan import StreamPlan
@@ -53,7 +54,7 @@ __all__ = ["TURN_BUDGET", "PassThrough", "StreamDriver"]
 
 #: Most bytes handed to the relay per upstream read or task turn. 4 KiB of
 #: the smallest events is about 450 events, a millisecond or two of work.
-TURN_BUDGET = 4 * 1024
+TURN_BUDGET: Final = 4 * 1024
 
 
 class _Conduit(NativeSink):
