@@ -308,7 +308,7 @@ def _plain_member(data: str, pos: int) -> int:
 
 
 def _string_end(data: str, start: int) -> int:
-    """The closing quote of a JSON string with no escapes, its first character at ``pos``.
+    """The closing quote of a JSON string with no escapes, its first character at ``start``.
 
     ``-1`` at a backslash (an escape: the parser decodes those) or a control
     character (JSON refuses them raw), or if the string never closes.
