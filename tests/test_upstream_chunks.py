@@ -96,7 +96,8 @@ def llhttp_alone(response: bytes) -> Heard:
 
     class Callbacks:
         def on_body(self, body: bytes) -> None:
-            heard.body += body
+            if parser.get_status_code() >= 200:  # an interim answer's body is no one's
+                heard.body += body
 
         def on_message_complete(self) -> None:
             if parser.get_status_code() >= 200:
@@ -190,6 +191,10 @@ HEADS = [
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
     b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD,
+    # Not chunked to llhttp (a no-break space is part of the value): read to the close.
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\xa0\r\n\r\n",
+    # An interim answer with chunks of its own, then the final one.
+    b"HTTP/1.1 150 X\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n" + HEAD,
 ]
 
 
@@ -260,6 +265,18 @@ FIRST = HEAD + b"2\r\nhi\r\n"
         [FIRST, b"1g\r\n" + b"x" * 32 + b"\r\n0\r\n\r\n"],
         # Data longer than its size says, then a whole last chunk.
         [FIRST, b"1\r\n5gg0\r\n\r\n"],
+        # A head whose coding llhttp does not read as chunked, read by read.
+        [
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\xa0\r\n\r\n",
+            b"5\r\nhello\r\n",
+            b"0\r\n\r\n",
+        ],
+        # An interim answer's chunks, then (in another read) the final answer's: llhttp
+        # refuses a second answer after "Connection: close", and so must the short way.
+        [
+            b"HTTP/1.1 150 X\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n",
+            b"0\r\n\r\n" + HEAD + b"5\r\nhello\r\n0\r\n\r\n",
+        ],
         # A size the short way does not read (eight hex digits and more).
         [FIRST, b"000000005\r\nhello\r\n0\r\n\r\n"],
     ],

@@ -361,7 +361,9 @@ class UpstreamConnection(asyncio.Protocol):
             # line can follow, and a size line that ends in CRLF is a
             # chunk's head (a callback) or an error: a read that ends in
             # CRLF right after either leaves the parser holding nothing.
-            self._chunk_edge = self._chunk_done and data.endswith(b"\r\n")
+            # Only in the final response's body: an interim (1xx) answer's
+            # own chunks leave the parser inside that answer.
+            self._chunk_edge = self._chunk_done and self._state == _BODY and data.endswith(b"\r\n")
             if self._chunk_edge:
                 # Between chunks llhttp holds nothing the next read needs:
                 # an idle stream keeps 0.9 KiB less without it, and the
@@ -467,10 +469,14 @@ class UpstreamConnection(asyncio.Protocol):
         )
         self._state = _BODY
         # A body llhttp reads as chunked, plainly said: the parser stands
-        # before its first chunk as it does after a chunk's end.
+        # before its first chunk as it does after a chunk's end. (Only
+        # spaces and tabs around the value: ``str.strip`` would also take
+        # the latin-1 NEL and no-break space, which llhttp keeps.)
+        coding = headers.get("transfer-encoding", "")
         self._chunk_done = (
             not no_body
-            and headers.get("transfer-encoding", "").strip().lower() == "chunked"
+            and coding.isascii()
+            and coding.strip(" \t").lower() == "chunked"
             and len(headers.getall("transfer-encoding", ())) == 1
             and "content-length" not in headers
         )
@@ -531,8 +537,9 @@ class UpstreamConnection(asyncio.Protocol):
                 break
             try:
                 sink.body(data[start:end])
-            except Exception:
-                # As a sink's error inside the parser's callback would end.
+            except BaseException:
+                # As a sink's error inside the parser's callback ends:
+                # httptools catches any exception there.
                 self._fail(self._head_error or UpstreamBroken("the upstream response was refused"))
                 return n
             pos = end + 2
