@@ -24,14 +24,14 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from bench.paths import HOST, REPO, free_port
+from bench.paths import HOST, REPO, free_port, start_upstream, wait_http
 
 _FEED = "CPyDef_relay___Relay___feed"
 _NAME = re.compile(r"\((\d+)\)(?: (.*))?")
@@ -73,18 +73,6 @@ def read_profile(path: Path) -> tuple[collections.Counter[str], int]:
     return own, feeds
 
 
-def _wait_healthy(port: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the sidecar under callgrind did not come up") from None
-            time.sleep(0.5)
-
-
 _RAMP = 2.0
 _SETTLE = 3.0
 
@@ -110,7 +98,7 @@ def _under_callgrind(work: Path, upstream_port: int, port: int, admin: int) -> l
 
 
 def _client_spec(
-    port: int, streams: int, tps: float, seconds: float, work: Path
+    port: int, streams: int, tps: float, seconds: float, work: Path, start_ns: int
 ) -> dict[str, object]:
     """The bench client's load: each stream at its own phase, long enough for the count."""
     return {
@@ -121,7 +109,7 @@ def _client_spec(
         "streams": streams,
         "tps": tps,
         "events": int(tps * (seconds + 30)),
-        "start_ns": time.monotonic_ns() + 2_000_000_000,
+        "start_ns": start_ns,
         "ramp_s": _RAMP,
         "settle_s": _SETTLE,
         "measure_s": seconds + 10,
@@ -138,27 +126,22 @@ def _control(*args: object) -> None:
 
 
 def measure(streams: int, tps: float, seconds: float, top: int) -> dict[str, object]:
-    upstream_port, port, admin = free_port(), free_port(), free_port()
+    port, admin = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     work = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
+    upstream = start_upstream(work)
     children: list[subprocess.Popen[bytes]] = []
     try:
-        upstream = subprocess.Popen(
-            [sys.executable, "-m", "bench.upstream", "--listen", f"{HOST}:{upstream_port}"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        children.append(upstream)
         sidecar = subprocess.Popen(
-            _under_callgrind(work, upstream_port, port, admin),
+            _under_callgrind(work, upstream.port, port, admin),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         children.append(sidecar)
-        _wait_healthy(admin, 300)
-        spec = _client_spec(port, streams, tps, seconds, work)
+        wait_http(admin, "/healthz", 300)  # valgrind takes its time to start Python
+        start_ns = time.monotonic_ns() + 2_000_000_000
+        spec = _client_spec(port, streams, tps, seconds, work, start_ns)
         client = subprocess.Popen(
             [sys.executable, "-m", "bench.client", json.dumps(spec)],
             env=env,
@@ -166,10 +149,12 @@ def measure(streams: int, tps: float, seconds: float, top: int) -> dict[str, obj
             stderr=subprocess.DEVNULL,
         )
         children.append(client)
-        # Counted once every stream is open and streaming (the client's ramp and settle).
-        time.sleep(2 + _RAMP + _SETTLE + 2)
+        # The client's load runs on a clock (its start, ramp and settle): the
+        # count starts a second after every stream is open and streaming.
+        counted_from = start_ns + int((_RAMP + _SETTLE + 1) * 1e9)
+        time.sleep(max(0.0, (counted_from - time.monotonic_ns()) / 1e9))
         _control("-i", "on", sidecar.pid)
-        time.sleep(seconds)
+        time.sleep(seconds)  # the counted window itself
         _control("-i", "off", sidecar.pid)
         _control("-d", sidecar.pid)
         client.communicate(timeout=seconds + 120)
@@ -184,6 +169,7 @@ def measure(streams: int, tps: float, seconds: float, top: int) -> dict[str, obj
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
+        upstream.stop()
     if not feeds:
         raise RuntimeError("no Relay.feed calls counted: is the build compiled?")
     return {
@@ -204,6 +190,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("python -m bench.instructions needs valgrind (apt-get install valgrind)")
     result = measure(args.streams, args.tps, args.seconds, args.top)
     print(f"{result['events']} events, {result['instructions_per_event']} instructions per event")
     for fn, cost in result["top"]:  # type: ignore[attr-defined]

@@ -111,6 +111,15 @@ def llhttp_alone(response: bytes) -> Heard:
     return heard
 
 
+def assert_heard_as_llhttp_reads(heard: Heard, response: bytes) -> None:
+    """The same body and the same end as llhttp alone gives ``response``."""
+    alone = llhttp_alone(response)
+    assert bytes(heard.body) == bytes(alone.body)
+    assert heard.ended == alone.ended
+    # Bytes after a whole response only poison the connection: the response stands.
+    assert heard.broken == (not alone.ended)
+
+
 async def through_the_connection(
     reads: list[bytes], after_each: Callable[[UpstreamConnection], object] | None = None
 ) -> Heard:
@@ -223,11 +232,7 @@ def test_the_sink_hears_what_llhttp_alone_makes_of_any_response_cut_anywhere(
     response: bytes, places: list[int]
 ) -> None:
     heard, _ = run(cut(response, places))
-    alone = llhttp_alone(response)
-    assert bytes(heard.body) == bytes(alone.body)
-    assert heard.ended == alone.ended
-    # Bytes after a whole response only poison the connection: the response stands.
-    assert heard.broken == (not alone.ended)
+    assert_heard_as_llhttp_reads(heard, response)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -243,10 +248,7 @@ def test_after_a_whole_chunk_any_bytes_cut_anywhere_are_read_as_llhttp_reads_the
     rest = b"".join(pieces) + b"0\r\n\r\n"
     first = HEAD + b"2\r\nhi\r\n"
     heard, _ = run([first, *cut(rest, places)])
-    alone = llhttp_alone(first + rest)
-    assert bytes(heard.body) == bytes(alone.body)
-    assert heard.ended == alone.ended
-    assert heard.broken == (not alone.ended)
+    assert_heard_as_llhttp_reads(heard, first + rest)
 
 
 FIRST = HEAD + b"2\r\nhi\r\n"
@@ -283,10 +285,7 @@ FIRST = HEAD + b"2\r\nhi\r\n"
 )
 def test_framing_that_only_looks_plain_is_read_as_llhttp_reads_it(reads: list[bytes]) -> None:
     heard, _ = run(reads)
-    alone = llhttp_alone(b"".join(reads))
-    assert bytes(heard.body) == bytes(alone.body)
-    assert heard.ended == alone.ended
-    assert heard.broken == (not alone.ended)
+    assert_heard_as_llhttp_reads(heard, b"".join(reads))
 
 
 @settings(max_examples=60, deadline=None)

@@ -462,17 +462,15 @@ class UpstreamConnection(asyncio.Protocol):
         self._status = status
         self._keep_alive = parser.should_keep_alive()
         no_body = self._head_only or status in (204, 304)
+        coding = headers.get("transfer-encoding", "")
         self._read_to_close = (
-            not no_body
-            and "content-length" not in headers
-            and "chunked" not in headers.get("transfer-encoding", "").lower()
+            not no_body and "content-length" not in headers and "chunked" not in coding.lower()
         )
         self._state = _BODY
         # A body llhttp reads as chunked, plainly said: the parser stands
         # before its first chunk as it does after a chunk's end. (Only
         # spaces and tabs around the value: ``str.strip`` would also take
         # the latin-1 NEL and no-break space, which llhttp keeps.)
-        coding = headers.get("transfer-encoding", "")
         self._chunk_done = (
             not no_body
             and coding.isascii()
