@@ -66,20 +66,28 @@ class _Conduit(NativeSink):
 
     __slots__ = (
         "_channel",
+        "_clock",
         "_congested",
         "_error",
         "_exchange",
         "_loop",
+        "_out",
         "_pending",
         "_waiter",
         "_write_timeout",
     )
 
     def __init__(self, channel: ClientChannel, write_timeout: float) -> None:
-        self._loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        #: The loop's clock, bound once: read at every upstream read (a
+        #: method called by name is looked up at each call).
+        self._clock: Callable[[], float] = loop.time
         self._channel = channel
         self._write_timeout = write_timeout
         self._exchange: Exchange | None = None
+        # What this read produced: nearly always one piece, kept as is; a
+        # list only for the pieces after it.
+        self._out = b""
         self._pending: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
         #: The client's transport passed its high-water mark: upstream paused.
@@ -91,15 +99,21 @@ class _Conduit(NativeSink):
 
     def _gather(self, out: bytes) -> None:
         if out:
-            self._pending.append(out)
+            if self._out:
+                self._pending.append(out)
+            else:
+                self._out = out
 
     def flush(self) -> None:
         """Write what this read (or turn) produced, in one write."""
-        pending = self._pending
-        if not pending:
+        out = self._out
+        if not out:
             return
-        out = pending[0] if len(pending) == 1 else b"".join(pending)
-        pending.clear()
+        self._out = b""
+        pending = self._pending
+        if pending:
+            out = b"".join([out, *pending])
+            pending.clear()
         channel = self._channel
         channel.write(out)
         if not self._congested and channel.congested:
@@ -249,7 +263,7 @@ class StreamDriver(_Conduit):
         relay = self.relay
         if relay.done:
             return  # ended on its own; the usual cleanup decides the connection
-        noticed = self._loop.time()
+        noticed = self._clock()
         window = self._detach_window
         relay.client_gone(
             noticed,
@@ -268,7 +282,7 @@ class StreamDriver(_Conduit):
             self._exchange.connection.hang_up()
         elif self._opening is not None:
             self._opening.cancel()  # closes the connection still waiting for a head
-        relay.meter.cancel_propagation = self._loop.time() - noticed
+        relay.meter.cancel_propagation = self._clock() - noticed
         self._wake()
 
     # -- the task ------------------------------------------------------------
@@ -417,10 +431,10 @@ class StreamDriver(_Conduit):
 
     async def _deadline_passed(self) -> None:
         relay = self.relay
-        now = self._loop.time()
+        now = self._clock()
         if self._holds is not None and relay.detach_due(now):
             await self._ask_holds()
-        self._gather(relay.poll(self._loop.time()))
+        self._gather(relay.poll(self._clock()))
         self.flush()
 
     async def _ask_holds(self) -> None:
@@ -428,7 +442,7 @@ class StreamDriver(_Conduit):
         assert self._holds is not None
         left = await self._holds()
         if left is not None:
-            self.relay.keep_detached(self._loop.time() + left)
+            self.relay.keep_detached(self._clock() + left)
             self.relay.resumed()
 
     def stop(self) -> None:
@@ -436,7 +450,7 @@ class StreamDriver(_Conduit):
         relay = self.relay
         if relay.done:
             return
-        relay.stop(self._loop.time())
+        relay.stop(self._clock())
         if self._exchange is not None:
             self._exchange.connection.hang_up()
         elif self._opening is not None:
@@ -467,7 +481,7 @@ class StreamDriver(_Conduit):
             self._queue().appendleft(chunk[room:])
             chunk = chunk[:room]
         self._spent += len(chunk)
-        self._gather(self.relay.feed(chunk, self._loop.time()))
+        self._gather(self.relay.feed(chunk, self._clock()))
 
     def _queue(self) -> deque[bytes]:
         if self._backlog is None:
@@ -489,14 +503,14 @@ class StreamDriver(_Conduit):
             try:
                 out = inflater.take(TURN_BUDGET - self._spent)
             except InflateError:
-                self._gather(relay.upstream_failed(self._loop.time()))
+                self._gather(relay.upstream_failed(self._clock()))
                 self._ending = False
                 self._discard_inflater()
                 self._wake()
                 return
             self._spent += len(out)
             if out:
-                self._gather(relay.feed(out, self._loop.time()))
+                self._gather(relay.feed(out, self._clock()))
             if relay.done:
                 self._discard_inflater()
                 self._wake()
@@ -513,7 +527,7 @@ class StreamDriver(_Conduit):
             return
         self._ending = False
         relay = self.relay
-        now = self._loop.time()
+        now = self._clock()
         if ending is True:
             self._gather(relay.upstream_eof(now))
         else:
@@ -522,7 +536,7 @@ class StreamDriver(_Conduit):
         self._wake()
 
     def _too_slow(self) -> None:
-        self.relay.client_too_slow(self._loop.time())
+        self.relay.client_too_slow(self._clock())
         self._channel.abort()
         if self._exchange is not None:
             self._exchange.connection.close()

@@ -48,7 +48,7 @@ _DELTA_TEXT_FIELDS: Final = frozenset({"content", "reasoning_content", "reasonin
 
 
 class OpenAIChat(Dialect):
-    __slots__ = ("_close", "_head", "_members", "_misses", "_skip", "_tail")
+    __slots__ = ("_between", "_close", "_head", "_members", "_misses", "_skip", "_tail")
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,6 +61,10 @@ class OpenAIChat(Dialect):
         #: The members after the choices up to the last one's string value
         #: (OpenAI's ``obfuscation``, which changes chunk by chunk).
         self._members = ""
+        #: The two above as one (``""`` while there are no such members): a
+        #: chunk whose last value changes (``obfuscation``) is checked up to
+        #: that value with one compare, not two.
+        self._between = ""
         #: Chunks in a row not read the cheap way, and how many to leave to
         #: the parse before trying again: a stream whose chunks change
         #: where the cache looks pays for a failed try once in a while only.
@@ -118,6 +122,9 @@ class OpenAIChat(Dialect):
         tail = self._tail
         if len(tail) == n - end and data.endswith(tail):
             return True
+        between = self._between
+        if between and data[end : end + len(between)] == between:
+            return _string_end(data, end + len(between)) == n - 2 and _char(data, n - 1, 0x7D)
         close = self._close
         if close and data[end : end + len(close)] == close:
             pos = end + len(close)
@@ -125,15 +132,17 @@ class OpenAIChat(Dialect):
             pos = _choice_close(data, end)
             if pos < 0:
                 return False
-            self._close = data[end:pos]
+            close = self._close = data[end:pos]
         members = self._members
         if members and data[pos : pos + len(members)] == members:
             # Up to the last member's string value as before: that value, then the brace.
+            self._between = close + members
             return _string_end(data, pos + len(members)) == n - 2 and _char(data, n - 1, 0x7D)
         if not _plain_members(data, pos):
             return False
         last = data.rfind('"', pos, n - 2) if _char(data, n - 2, 0x22) else -1
-        self._members = data[pos : last + 1] if last >= 0 else ""
+        members = self._members = data[pos : last + 1] if last >= 0 else ""
+        self._between = close + members if members else ""
         self._tail = data[end:]
         return True
 
