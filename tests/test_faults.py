@@ -424,3 +424,63 @@ async def test_events_from_one_upstream_read_leave_in_one_write(
     assert rest[: int(size, 16)] == b"".join(events)  # one HTTP chunk: one write
     _, data = _events_of_chunked(head + chunks + tail)
     assert data == [e[len(b"data: ") : -2].decode() for e in (first, *events)] + ["[DONE]"]
+
+
+async def test_chunks_the_upstream_frames_its_own_way_reach_the_client_framed_as_the_sidecar_frames(
+    start_sidecar: StartSidecar,
+) -> None:
+    """A read that is one chunk, framed as the client's chunk would be, is written as it came.
+
+    Any other size line (upper-case hex, leading zeros) is legal HTTP, but
+    the client gets the sidecar's own framing whatever the upstream's: each
+    chunk here comes in a read of its own, and each leaves as ``%x``, CRLF,
+    the same bytes, CRLF.
+    """
+    events = [b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i for i in range(4)]
+    done = b"data: [DONE]\n\n"
+    heads = [b"%x", b"%X", b"%04x", b"%x"]  # as the client's, upper case, padded, as the client's
+    sent = asyncio.Queue[int]()
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.read(16)  # the small JSON body
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        for event, head in zip(events, heads, strict=True):
+            await sent.get()  # the client has the one before: this chunk is a read of its own
+            writer.write(head % len(event) + b"\r\n" + event + b"\r\n")
+            await writer.drain()
+        await sent.get()
+        writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(done), done))
+        await writer.drain()
+        writer.close()
+
+    server, url = await raw_upstream(upstream)
+    sidecar = await start_sidecar(url, keepalive_interval=0)
+    sock = await _raw_stream_request(sidecar.proxy_port, {}, "1.1")
+    loop = asyncio.get_running_loop()
+    received = b""
+
+    async def receive_until(done: Callable[[], bool]) -> None:
+        nonlocal received
+        while not done():
+            more = await loop.sock_recv(sock, 65536)
+            assert more, received
+            received += more
+
+    try:
+        async with asyncio.timeout(10):
+            await receive_until(lambda: b"\r\n\r\n" in received)
+            for event in events:
+                sent.put_nowait(0)
+                await receive_until(lambda: event + b"\r\n" in received)  # noqa: B023
+            sent.put_nowait(0)
+            await receive_until(lambda: received.endswith(b"\r\n0\r\n\r\n"))
+    finally:
+        sock.close()
+        server.close()
+    body = received.partition(b"\r\n\r\n")[2]
+    framed = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in (*events, done))
+    assert body == framed + b"0\r\n\r\n"

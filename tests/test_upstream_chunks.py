@@ -324,3 +324,58 @@ def test_several_whole_chunks_in_one_read_then_a_cut_one_go_on_through_the_parse
     # that ends that one leaves the parser between chunks again, so the next whole
     # chunk skips it too, and the last chunk does not.
     assert counting.fed == len(reads[0]) + len(b"6\r\nhi") + len(reads[2]) + len(b"0\r\n\r\n")
+
+
+# -- a read written as it came ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("read", "as_written"),
+    [
+        (b"5\r\nhello\r\n", True),
+        (b"1a\r\n" + b"x" * 26 + b"\r\n", True),
+        (b"1A\r\n" + b"x" * 26 + b"\r\n", False),  # upper case: legal, not the client's
+        (b"A\r\n" + b"x" * 10 + b"\r\n", False),
+        (b"05\r\nhello\r\n", False),  # a leading zero
+        (b"%x\r\n" % 0xFEDCB + b"x" * 0xFEDCB + b"\r\n", True),
+        (b"%X\r\n" % 0xFEDCB + b"x" * 0xFEDCB + b"\r\n", False),
+    ],
+)
+def test_a_size_line_is_as_the_client_would_get_it_only_in_lower_case_hex_without_zeros(
+    read: bytes, as_written: bool
+) -> None:
+    """The one-chunk read the sidecar may write to a chunked client as it came: ``%x``."""
+    from streamwarden.net.upstream import _as_written, _chunk_head
+
+    size, start = _chunk_head(read, 0)
+    assert start + size + 2 == len(read)
+    assert _as_written(read, start - 2) is as_written
+
+
+class _Transport:
+    """A client transport that keeps what it was given, object for object."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        raise AssertionError("not aborted here")
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_read_written_as_it_came_is_the_bytes_the_channel_would_frame(chunked: bool) -> None:
+    from streamwarden.sidecar.channel import ClientChannel
+
+    chunk = b"data: x\n\n"
+    read = b"%x\r\n%b\r\n" % (len(chunk), chunk)
+    framed, as_read = _Transport(), _Transport()
+    ClientChannel(None, framed, chunked).write(chunk)  # type: ignore[arg-type]
+    ClientChannel(None, as_read, chunked).write_as_read(chunk, read)  # type: ignore[arg-type]
+    assert as_read.written == framed.written == [read if chunked else chunk]
+    assert as_read.written[0] is (read if chunked else chunk)  # no copy made

@@ -124,6 +124,16 @@ class NativeSink:
     def body(self, chunk: bytes) -> None:
         raise NotImplementedError
 
+    def body_as_read(self, chunk: bytes, read: bytes) -> None:
+        """``chunk``, the one chunk of a read whose bytes, ``read``, frame it as a writer would.
+
+        ``read`` is the size in lower-case hex with no leading zero, CRLF,
+        ``chunk``, CRLF: what a sink that frames ``chunk`` again for a
+        chunked client would write, so it may write ``read`` as it is and
+        spare the copy. Otherwise it is :meth:`body`.
+        """
+        self.body(chunk)
+
     def read_done(self) -> None:
         raise NotImplementedError
 
@@ -216,6 +226,18 @@ def _chunk_head(data: bytes, pos: int) -> tuple[int, int]:
     if i == pos or i + 1 >= n or data[i] != _CR or data[i + 1] != _LF:
         return 0, -1
     return size, i + 2
+
+
+def _as_written(data: bytes, size_end: i64) -> bool:
+    """The size line up to ``size_end`` is ``%x``: lower-case hex, no leading zero."""
+    if data[0] == 0x30:
+        return False
+    i: i64 = 0
+    while i < size_end:
+        if 0x41 <= data[i] <= 0x46:  # A-F
+            return False
+        i += 1
+    return True
 
 
 def _hex_digit(byte: i64) -> i64:
@@ -534,7 +556,11 @@ class UpstreamConnection(asyncio.Protocol):
             if sink is None or self._state != _BODY:
                 break
             try:
-                sink.body(data[start:end])
+                if pos == 0 and end + 2 == n and _as_written(data, start - 2):
+                    # The read is this one chunk, framed as the client's would be.
+                    sink.body_as_read(data[start:end], data)
+                else:
+                    sink.body(data[start:end])
             except BaseException:
                 # As a sink's error inside the parser's callback ends:
                 # httptools catches any exception there.

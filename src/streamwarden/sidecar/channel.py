@@ -74,12 +74,17 @@ class ClientChannel:
         self.chunked = chunked
 
     def write(self, data: bytes) -> None:
-        if data and not self._is_closing():
+        if len(data) and not self._is_closing():  # a length is read in place, a truth is a call
             if self.chunked:
                 size = len(data)
                 head = _HEADS[size] if size < 4096 else b"%x\r\n" % size
                 data = head + data + b"\r\n"  # two compiled concatenations: less than a join
             self._write(data)
+
+    def write_as_read(self, data: bytes, read: bytes) -> None:
+        """Write ``data``, which ``read`` holds framed exactly as :meth:`write` would frame it."""
+        if not self._is_closing():
+            self._write(read if self.chunked else data)
 
     @property
     def congested(self) -> bool:

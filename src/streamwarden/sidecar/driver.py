@@ -73,6 +73,8 @@ class _Conduit(NativeSink):
         "_loop",
         "_out",
         "_pending",
+        "_read",
+        "_read_chunk",
         "_waiter",
         "_write_timeout",
     )
@@ -89,6 +91,11 @@ class _Conduit(NativeSink):
         # list only for the pieces after it.
         self._out = b""
         self._pending: list[bytes] = []
+        # This read's one chunk, and the read's bytes that frame it as the
+        # client's chunk would be (``body_as_read``): written as they came
+        # when that chunk is what goes out, unchanged.
+        self._read = b""
+        self._read_chunk = b""
         self._waiter: asyncio.Future[None] | None = None
         #: The client's transport passed its high-water mark: upstream paused.
         self._congested = False
@@ -97,17 +104,31 @@ class _Conduit(NativeSink):
 
     # -- output --------------------------------------------------------------
 
+    # Bytes are tested by their length here, not their truth: the compiled
+    # build reads a length in place and asks CPython for a truth (three or
+    # four times per read).
     def _gather(self, out: bytes) -> None:
-        if out:
-            if self._out:
+        if len(out):
+            if len(self._out):
                 self._pending.append(out)
             else:
                 self._out = out
 
+    def body_as_read(self, chunk: bytes, read: bytes) -> None:
+        self._read = read
+        self._read_chunk = chunk
+        self.body(chunk)
+
     def flush(self) -> None:
         """Write what this read (or turn) produced, in one write."""
         out = self._out
-        if not out:
+        read = self._read
+        if len(read):
+            self._read = b""
+            if out is not self._read_chunk or self._pending:
+                read = b""  # what goes out is not that chunk as it came
+            self._read_chunk = b""
+        if not len(out):
             return
         self._out = b""
         pending = self._pending
@@ -115,7 +136,10 @@ class _Conduit(NativeSink):
             out = b"".join([out, *pending])
             pending.clear()
         channel = self._channel
-        channel.write(out)
+        if len(read):
+            channel.write_as_read(out, read)
+        else:
+            channel.write(out)
         if not self._congested and channel.congested:
             self._congested = True
             self._pause_upstream()
