@@ -18,6 +18,7 @@ import asyncio
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 __all__ = ["Deadlines", "Wait"]
@@ -45,15 +46,25 @@ class Wait:
 class Deadlines:
     """The waits of a process's streams, on one loop timer."""
 
-    __slots__ = ("_cancelled", "_count", "_heap", "_loop", "_timer", "_timer_at")
+    __slots__ = ("_cancelled", "_count", "_heap", "_loop", "_time", "_timer", "_timer_at")
 
     def __init__(self) -> None:
         self._heap: list[Wait] = []
         self._count = itertools.count()
         self._cancelled = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._time: Callable[[], float] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
+
+    def clock(self) -> Callable[[], float]:
+        """The loop's clock, one bound method for every stream (not one object per stream)."""
+        time = self._time
+        if time is None:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            time = self._time = self._loop.time
+        return time
 
     def __len__(self) -> int:
         """The waits still wanted."""

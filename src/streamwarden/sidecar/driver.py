@@ -66,7 +66,6 @@ class _Conduit(NativeSink):
 
     __slots__ = (
         "_channel",
-        "_clock",
         "_congested",
         "_error",
         "_exchange",
@@ -80,10 +79,7 @@ class _Conduit(NativeSink):
     )
 
     def __init__(self, channel: ClientChannel, write_timeout: float) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        #: The loop's clock, bound once: read at every upstream read (a
-        #: method called by name is looked up at each call).
-        self._clock: Callable[[], float] = loop.time
+        self._loop = asyncio.get_running_loop()
         self._channel = channel
         self._write_timeout = write_timeout
         self._exchange: Exchange | None = None
@@ -196,6 +192,7 @@ class StreamDriver(_Conduit):
 
     __slots__ = (
         "_backlog",
+        "_clock",
         "_deadlines",
         "_detach_window",
         "_drain_on_gone",
@@ -223,6 +220,9 @@ class StreamDriver(_Conduit):
         deadlines: Deadlines,
     ) -> None:
         super().__init__(channel, write_timeout)
+        #: The loop's clock, read at every upstream read: bound once for the
+        #: process (a method called by name is looked up at each call).
+        self._clock = deadlines.clock()
         #: ``on_client_gone: drain``: a gone client leaves the upstream read on.
         self._drain_on_gone = drain_on_gone
         #: ``on_client_gone: detach`` (a stream with a journal): how long it
