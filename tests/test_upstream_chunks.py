@@ -339,6 +339,7 @@ def test_several_whole_chunks_in_one_read_then_a_cut_one_go_on_through_the_parse
         (b"05\r\nhello\r\n", False),  # a leading zero
         (b"%x\r\n" % 0xFEDCB + b"x" * 0xFEDCB + b"\r\n", True),
         (b"%X\r\n" % 0xFEDCB + b"x" * 0xFEDCB + b"\r\n", False),
+        (b"%x\r\n" % 0x1000001 + b"x" * 0x1000001 + b"\r\n", True),  # eight digits, the most
     ],
 )
 def test_a_size_line_is_as_the_client_would_get_it_only_in_lower_case_hex_without_zeros(

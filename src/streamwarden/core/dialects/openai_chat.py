@@ -122,6 +122,9 @@ class OpenAIChat(Dialect):
         tail = self._tail
         if len(tail) == n - end and data.endswith(tail):
             return True
+        # A close that matches as a prefix is the close: no close is the
+        # prefix of another (each ends at the first "}]", and no tail holds
+        # one), so _between stands for the two checks below.
         between = self._between
         if between and data[end : end + len(between)] == between:
             return _string_end(data, end + len(between)) == n - 2 and _char(data, n - 1, 0x7D)
