@@ -26,21 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.instructions import RAMP_S, SETTLE_S, client_spec
 from bench.paths import REPO, start_path, start_upstream
-
-_TICK = os.sysconf("SC_CLK_TCK")
-_RAMP = 2.0
-_SETTLE = 3.0
-
-
-def _user_system(pids: list[int]) -> tuple[float, float]:
-    user = system = 0
-    for pid in pids:
-        # utime and stime: fields 14 and 15 of the line, 12 and 13 after ")".
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        user += int(fields[11])
-        system += int(fields[12])
-    return user / _TICK, system / _TICK
+from bench.procfs import user_system_seconds
 
 
 def one_round(path: str, streams: int, tps: float, seconds: float) -> dict[str, float]:
@@ -51,37 +39,25 @@ def one_round(path: str, streams: int, tps: float, seconds: float) -> dict[str, 
     client: subprocess.Popen[bytes] | None = None
     try:
         start_ns = time.monotonic_ns() + 1_000_000_000
-        spec = {
-            "mode": "stream",
-            "host": "127.0.0.1",
-            "port": running.port,
-            "path": "/v1/chat/completions",
-            "streams": streams,
-            "tps": tps,
-            "events": int(tps * (seconds + _RAMP + _SETTLE + 10)),
-            "start_ns": start_ns,
-            "ramp_s": _RAMP,
-            "settle_s": _SETTLE,
-            "measure_s": seconds + 2,
-            "align": False,
-            "samples": str(work / "samples.bin"),
-            "cpu_pids": {},
-            "machine": False,
-        }
         client = subprocess.Popen(
-            [sys.executable, "-m", "bench.client", json.dumps(spec)],
+            [
+                sys.executable,
+                "-m",
+                "bench.client",
+                json.dumps(client_spec(running.port, streams, tps, seconds, work, start_ns)),
+            ],
             env=dict(os.environ, PYTHONPATH=str(REPO)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         # The load runs on the client's clock: the window opens a second
         # after every stream is open and streaming.
-        opens_at = start_ns + int((_RAMP + _SETTLE + 1) * 1e9)
+        opens_at = start_ns + int((RAMP_S + SETTLE_S + 1) * 1e9)
         time.sleep(max(0.0, (opens_at - time.monotonic_ns()) / 1e9))
-        user0, system0 = _user_system(running.measured)
+        user0, system0 = user_system_seconds(running.measured)
         began = time.monotonic()
         time.sleep(seconds)  # the measured window itself
-        user1, system1 = _user_system(running.measured)
+        user1, system1 = user_system_seconds(running.measured)
         events = streams * tps * (time.monotonic() - began)
         return {
             "user_us": round(1e6 * (user1 - user0) / events, 2),

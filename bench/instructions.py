@@ -73,8 +73,8 @@ def read_profile(path: Path) -> tuple[collections.Counter[str], int]:
     return own, feeds
 
 
-_RAMP = 2.0
-_SETTLE = 3.0
+RAMP_S = 2.0
+SETTLE_S = 3.0
 
 
 def _under_callgrind(work: Path, upstream_port: int, port: int, admin: int) -> list[str]:
@@ -97,10 +97,13 @@ def _under_callgrind(work: Path, upstream_port: int, port: int, admin: int) -> l
     ]
 
 
-def _client_spec(
+def client_spec(
     port: int, streams: int, tps: float, seconds: float, work: Path, start_ns: int
 ) -> dict[str, object]:
-    """The bench client's load: each stream at its own phase, long enough for the count."""
+    """The bench client's load: each stream at its own phase, long enough for the count.
+
+    Every stream is open and streaming ``RAMP_S + SETTLE_S`` after ``start_ns``.
+    """
     return {
         "mode": "stream",
         "host": HOST,
@@ -110,8 +113,8 @@ def _client_spec(
         "tps": tps,
         "events": int(tps * (seconds + 30)),
         "start_ns": start_ns,
-        "ramp_s": _RAMP,
-        "settle_s": _SETTLE,
+        "ramp_s": RAMP_S,
+        "settle_s": SETTLE_S,
         "measure_s": seconds + 10,
         "align": False,
         "samples": str(work / "samples.bin"),
@@ -141,7 +144,7 @@ def measure(streams: int, tps: float, seconds: float, top: int) -> dict[str, obj
         children.append(sidecar)
         wait_http(admin, "/healthz", 300)  # valgrind takes its time to start Python
         start_ns = time.monotonic_ns() + 2_000_000_000
-        spec = _client_spec(port, streams, tps, seconds, work, start_ns)
+        spec = client_spec(port, streams, tps, seconds, work, start_ns)
         client = subprocess.Popen(
             [sys.executable, "-m", "bench.client", json.dumps(spec)],
             env=env,
@@ -151,7 +154,7 @@ def measure(streams: int, tps: float, seconds: float, top: int) -> dict[str, obj
         children.append(client)
         # The client's load runs on a clock (its start, ramp and settle): the
         # count starts a second after every stream is open and streaming.
-        counted_from = start_ns + int((_RAMP + _SETTLE + 1) * 1e9)
+        counted_from = start_ns + int((RAMP_S + SETTLE_S + 1) * 1e9)
         time.sleep(max(0.0, (counted_from - time.monotonic_ns()) / 1e9))
         _control("-i", "on", sidecar.pid)
         time.sleep(seconds)  # the counted window itself

@@ -73,11 +73,26 @@ def _cpu_of(pid: int) -> float:
     except (OSError, ValueError, IndexError):
         pass
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        user, system = _user_system_ticks(pid)
     except OSError:
         return 0.0
+    return (user + system) / _TICKS
+
+
+def _user_system_ticks(pid: int) -> tuple[int, int]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     # utime and stime are fields 14 and 15 of the whole line, 12 and 13 after ")".
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return int(fields[11]), int(fields[12])
+
+
+def user_system_seconds(pids: Iterable[int]) -> tuple[float, float]:
+    """CPU seconds these processes spent in user space and in the kernel (clock-tick resolution)."""
+    user = system = 0
+    for pid in pids:
+        ticks = _user_system_ticks(pid)
+        user += ticks[0]
+        system += ticks[1]
+    return user / _TICKS, system / _TICKS
 
 
 def machine_busy_seconds() -> float:
