@@ -34,6 +34,8 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 COPY .ci/wheel .ci/wheel_check.py ./.ci/
+# The build's requirements, from the lock: .ci/wheel builds with them.
+COPY requirements/build.txt ./requirements/
 # pip wheel, a check that the wheel holds every compiled module built from
 # these sources, then auditwheel repair to the most compatible manylinux tag
 # it satisfies: one wheel in /src/wheelhouse.
@@ -45,15 +47,22 @@ FROM ${PYTHON_IMAGE} AS install
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 
 COPY --from=build /src/wheelhouse /src/wheelhouse
+# The dependencies from the lock, every file checked against its hash: the
+# versions CI ran. They are the project's with the "fast" extra (uvloop and
+# orjson) and "redis" (the shared resume store, resume_store: redis://...).
+COPY requirements/image.txt /src/requirements/
 # A virtualenv at the same path as in the runtime, so its scripts' shebangs
 # hold. Binaries only: nothing may compile here, the dependencies come as
 # wheels too. pip compiles every module to bytecode here, at build time, so
-# the read-only runtime never needs to. "fast" adds uvloop and orjson;
-# "redis" the shared resume store (resume_store: redis://...). The build
+# the read-only runtime never needs to. The wheel itself goes in after its
+# locked dependencies, adding none (pip check: none is missing). The build
 # fails unless the compiled modules are what runs.
 RUN python -m venv /opt/streamwarden \
+    && /opt/streamwarden/bin/pip install --no-cache-dir --only-binary=:all: --require-hashes \
+       -r /src/requirements/image.txt \
     && wheel="$(echo /src/wheelhouse/streamwarden-*.whl)" \
-    && /opt/streamwarden/bin/pip install --no-cache-dir --only-binary=:all: "${wheel}[fast,redis]" \
+    && /opt/streamwarden/bin/pip install --no-cache-dir --only-binary=:all: --no-deps "${wheel}" \
+    && /opt/streamwarden/bin/pip check \
     && version="$(/opt/streamwarden/bin/streamwarden --version)" \
     && echo "${version}" \
     && case "${version}" in *"per-event modules compiled"*) ;; *) exit 1 ;; esac

@@ -12,7 +12,7 @@ import os
 
 import openai
 
-SIDECAR = os.environ.get("STREAMWARDEN_URL", "http://127.0.0.1:8080")
+SIDECAR = os.environ.get("SIDECAR_URL", "http://127.0.0.1:8080")
 
 
 def main() -> None:

@@ -190,10 +190,17 @@ def test_the_build_makes_the_wheel_and_a_compiler_free_stage_installs_only_it() 
     # only, no pip cache, and the stage fails unless the compiled modules run.
     assert base_of(install) == base_of(FINAL) != base_of(build)
     copies = [i.args for i in find(install, "COPY")]
-    assert copies == ["--from=build /src/wheelhouse /src/wheelhouse"]
+    assert copies == [
+        "--from=build /src/wheelhouse /src/wheelhouse",
+        "requirements/image.txt /src/requirements/",
+    ]
     (run,) = [i.args for i in find(install, "RUN")]
-    wheel = r'"\$\{wheel\}\[[\w,]+\]"'
+    # The dependencies from the lock, hashes checked; then the wheel alone.
+    locked = r"pip install --no-cache-dir --only-binary=:all: --require-hashes\s+"
+    assert re.search(locked + r"-r /src/requirements/image\.txt", run), run
+    wheel = r'--no-deps "\$\{wheel\}"'
     assert re.search(rf"pip install --no-cache-dir --only-binary=:all: {wheel}", run), run
+    assert "pip check" in run, run
     assert "streamwarden --version" in run and '*"per-event modules compiled"*' in run, run
     # The runtime takes the virtualenv and nothing else of the stages before.
     assert [i.args for i in find(FINAL, "COPY") if i.args.startswith("--from")] == [

@@ -117,7 +117,7 @@ def test_the_egress_example_reaches_the_provider_through_the_sidecar() -> None:
         app = run_example(
             "egress_app.py",
             OPENAI_API_KEY="sk-example",
-            STREAMWARDEN_URL=f"http://127.0.0.1:{proxy}",
+            SIDECAR_URL=f"http://127.0.0.1:{proxy}",
         )
     assert app.returncode == 0, app.stderr
     assert app.stdout.startswith("Streams should stay alive")

@@ -1,6 +1,6 @@
 """The engine counters against a real llama.cpp server, not the mock (opt-in).
 
-Runs only when ``STREAMWARDEN_REAL_ENGINE`` names a ``llama-server``
+Runs only when ``SWTEST_REAL_ENGINE`` names a ``llama-server``
 binary (``tests/real_engine/build.sh`` builds one from the
 llama-cpp-python sdist, CPU only). The model is written here, with random
 weights (``tests/real_engine/tiny_model.py``, about 0.6 MB): nothing is
@@ -43,11 +43,11 @@ from streamwarden.sidecar import Sidecar
 from test_engine_reconcile import metric
 from waiting import wait_for, wait_until
 
-BINARY = os.environ.get("STREAMWARDEN_REAL_ENGINE", "")
+BINARY = os.environ.get("SWTEST_REAL_ENGINE", "")
 pytestmark = pytest.mark.skipif(
     not (BINARY and os.access(BINARY, os.X_OK)),
     reason=(
-        "opt-in: set STREAMWARDEN_REAL_ENGINE to a llama-server binary "
+        "opt-in: set SWTEST_REAL_ENGINE to a llama-server binary "
         "(tests/real_engine/build.sh builds one)"
     ),
 )

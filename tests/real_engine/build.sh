@@ -6,7 +6,7 @@
 # no model (the test writes its own), no prebuilt web UI, no curl/OpenSSL.
 #
 #   tests/real_engine/build.sh [BUILD_DIR]     (default /tmp/llama-build)
-#   STREAMWARDEN_REAL_ENGINE=$(tests/real_engine/build.sh | tail -1) pytest tests/test_real_engine.py
+#   SWTEST_REAL_ENGINE=$(tests/real_engine/build.sh | tail -1) pytest tests/test_real_engine.py
 #
 # Env: PYTHON (default: python3), LLAMA_CPP_PYTHON_VERSION (default: 0.3.36,
 # the version measured: ~12 min with -j2 on a 2-core machine), JOBS (default 2).
