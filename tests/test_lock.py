@@ -128,9 +128,10 @@ def tier_files() -> Iterator[Path]:
         files = [path] if path.is_file() else sorted(path.rglob("*"))
         for file in files:
             relative = file.relative_to(REPO).as_posix()
-            if file.is_file() and "node_modules" not in relative and relative not in ON_PURPOSE:
-                if file.suffix in {".py", ".sh", ".md", ".yaml", ".yml", ".tpl", ""}:
-                    yield file
+            if "node_modules" in relative or relative in ON_PURPOSE or not file.is_file():
+                continue
+            if file.suffix in {".py", ".sh", ".md", ".yaml", ".yml", ".tpl", ""}:
+                yield file
 
 
 def test_no_tier_sets_a_streamwarden_variable_that_is_not_a_setting() -> None:

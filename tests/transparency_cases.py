@@ -34,6 +34,8 @@ from aiohttp import web
 from streamwarden.core.sse import SSEDecoder
 
 __all__ = [
+    "BODIES_SENT_UNCHANGED",
+    "BODIES_SPLICED",
     "BOM",
     "CASES",
     "CASE_HEADER",
@@ -114,6 +116,45 @@ def request_body(asks_usage: bool) -> bytes:
     if asks_usage:
         body["stream_options"] = {"include_usage": True}
     return json.dumps(body, ensure_ascii=False).encode()
+
+
+def _chat(rest: bytes) -> bytes:
+    return b'{"model":"m","stream":true' + rest + b"}"
+
+
+#: Streaming chat bodies that an upstream takes and that clients do send
+#: (name, bytes), for usage injection's request side: those the sidecar
+#: cannot read exactly as any JSON parser would, or that carry their own
+#: ``stream_options`` in a shape servers read differently, reach the
+#: upstream byte for byte as sent...
+BODIES_SENT_UNCHANGED = [
+    ("stream-options-empty", _chat(b',"stream_options":{}')),  # vLLM: asks for usage
+    ("stream-options-one", _chat(b',"stream_options":{"include_usage":1}')),
+    ("stream-options-string", _chat(b',"stream_options":{"include_usage":"true"}')),
+    ("stream-options-false", _chat(b',"stream_options":{"include_usage":false}')),
+    ("stream-options-null", _chat(b',"stream_options":null')),
+    ("stream-options-odd", _chat(b',"stream_options":"odd"')),
+    ("duplicate-stream", b'{"model":"m","stream":false,"stream":true}'),
+    ("nan", _chat(b',"temperature":NaN')),
+    ("deep", _chat(b',"x":' + b"[" * 3000 + b"]" * 3000)),
+    ("names-the-option", _chat(b',"messages":[{"role":"user","content":"stream_options?"}]')),
+    ("names-it-escaped", _chat(b',"messages":[{"role":"user","content":"stream\\u005foptions"}]')),
+    ("utf-16", '{"model":"m","stream":true}'.encode("utf-16")),
+    ("bom", b"\xef\xbb\xbf" + _chat(b"")),
+    ("not-json", b'not json at all, but asking for a stream: "stream": true'),
+    ("not-an-object", b'[{"model":"m","stream":true}]'),
+]
+#: ... and the others get exactly the added member's bytes, spliced in before
+#: the closing brace: no number, escape or space of the client's re-written.
+BODIES_SPLICED = [
+    # What a JavaScript client writes when it cuts a string inside an emoji.
+    ("lone-surrogate", _chat(b',"messages":[{"role":"user","content":"cut \\ud83d"}]')),
+    ("huge-exponent", _chat(b',"temperature":1e400')),
+    ("upper-exponent", _chat(b',"temperature":1E0,"top_p":-0.0')),
+    ("nested", _chat(b',"x":' + b"[" * 100 + b"]" * 100)),
+    ("raw-unicode", _chat(',"messages":[{"content":"日本語 🙂"}]'.encode())),
+    ("spaced", b'{ "model" : "m" ,\n "stream" : true }'),
+]
 
 
 def asks_for_usage(request: Request) -> bool:

@@ -466,8 +466,10 @@ class Settings(BaseModel):
     #: ``auto``: ask an OpenAI-chat upstream for usage (``stream_options.
     #: include_usage``) on streams whose client did not, and take what that
     #: adds back out of the client's stream: exact token counts, unchanged
-    #: bytes (sidecar; per route).
-    usage_injection: Literal["auto", "off"] = "auto"
+    #: bytes (sidecar; per route). Off by default: it assumes the upstream
+    #: answers two requests of one kind (target, host, model, credentials)
+    #: alike, which a gateway routing on anything else breaks.
+    usage_injection: Literal["auto", "off"] = "off"
     #: Largest request body usage injection rewrites; larger ones go unchanged.
     usage_injection_max_body_bytes: Size = 1024 * 1024
     #: What must never reach a reader: literals, bounded regexes, the built-in
@@ -554,7 +556,7 @@ class ResolvedRoute:
     early_headers_after: float
     on_client_gone: str = "cancel"
     resume_window: float = 30.0
-    usage_injection: str = "auto"
+    usage_injection: str = "off"
     #: The route's compiled output filters (``None``: none, and no cost).
     output_filters: FilterSet | None = None
 

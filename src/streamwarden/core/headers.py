@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 __all__ = [
+    "CREDENTIAL_HEADERS",
+    "CREDENTIAL_QUERY_PARAMETERS",
     "HOP_BY_HOP",
     "SECRET_HEADERS",
     "drop_hop_by_hop",
@@ -53,6 +55,14 @@ SECRET_HEADERS = frozenset(
         "x-goog-api-key",
     }
 )
+
+#: Request headers that say who is asking, in every dialect's API: OpenAI's
+#: and Azure's keys, Anthropic's, Gemini's, and a browser's session. What a
+#: request may be shown (a resumed stream, a learned upstream habit) is
+#: decided per value of these.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie")
+#: Query parameters that carry a credential: Gemini's ``?key=``.
+CREDENTIAL_QUERY_PARAMETERS = ("key",)
 
 Pairs = Iterable[tuple[str, str]]
 

@@ -2,15 +2,15 @@
 
 :class:`UsageInjector` decides, per request, whether to ask the upstream
 for usage the client did not ask for, reads the (bounded) body to rewrite
-it, and remembers two things of its upstream: per path and model, what
-it sends when nobody asks for usage (:class:`~streamwarden.core.usage.UsageHabits`:
-learned from unchanged streams, before any request of that kind is changed),
-and a refusal of the option: after a ``400`` that names
-``stream_options`` (:meth:`UsageInjector.look_into_refusal`) the request
-is sent again as the client sent it, and the sidecar does not inject there
-for :data:`REFUSAL_MEMORY` seconds. Injection is never tried behind early
-headers: a refusal then would already be an error event, with nothing
-left to retry.
+it, and remembers, per kind of request (target, host, model, credentials:
+:meth:`~streamwarden.core.usage.UsageHabits.key`), what the upstream sends
+when nobody asks for usage (learned from unchanged streams, before any
+request of that kind is changed) and whether it refused the option: after
+a ``400`` that names ``stream_options`` (:meth:`UsageInjector.look_into_refusal`)
+the request is sent again as the client sent it, and that kind is left
+alone for :data:`~streamwarden.core.usage.HABIT_MEMORY` seconds.
+Injection is never tried behind early headers: a refusal then would
+already be an error event, with nothing left to retry.
 """
 
 from __future__ import annotations
@@ -23,8 +23,13 @@ from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
 from streamwarden.core.dialects import SSE_MEDIA_TYPE, detect
-from streamwarden.core.headers import drop_hop_by_hop
+from streamwarden.core.headers import (
+    CREDENTIAL_HEADERS,
+    CREDENTIAL_QUERY_PARAMETERS,
+    drop_hop_by_hop,
+)
 from streamwarden.core.usage import (
+    HabitKey,
     TakeBack,
     UsageHabits,
     UsageRole,
@@ -33,12 +38,10 @@ from streamwarden.core.usage import (
 )
 from streamwarden.net.upstream import Exchange, UpstreamBroken, UpstreamError
 
-__all__ = ["REFUSAL_MEMORY", "Buffered", "Rewritten", "UsageInjector", "read_refusal"]
+__all__ = ["Buffered", "Rewritten", "UsageInjector", "read_refusal"]
 
 log = logging.getLogger("streamwarden.proxy")
 
-#: How long an upstream that refused ``stream_options`` is left alone.
-REFUSAL_MEMORY = 600.0
 #: Most bytes of a 400 answer read to see whether it names the option.
 REFUSAL_BODY_BYTES = 64 * 1024
 
@@ -66,21 +69,20 @@ class Rewritten:
 
     body: bytes
     original: bytes
+    #: The request's kind: where a refusal of the option is remembered.
+    kind: HabitKey
 
 
 class UsageInjector:
-    """Per upstream: whether to inject, and the memory of a refusal."""
+    """Per upstream: whether to inject, and what each kind of request taught."""
 
     def __init__(self, max_body_bytes: int) -> None:
         self.max_body_bytes = max_body_bytes
-        self._refused_until = 0.0
         self.habits = UsageHabits()
 
     def wanted(self, request: web.BaseRequest, route: ResolvedRoute) -> bool:
         """A streaming POST to an OpenAI-chat path on a route with ``usage_injection: auto``."""
         if route.usage_injection != "auto" or request.method != "POST":
-            return False
-        if asyncio.get_running_loop().time() < self._refused_until:
             return False
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return False
@@ -99,7 +101,7 @@ class UsageInjector:
         start, whole = await self.read(request, start)
         if not whole:
             return start, None, None
-        rewritten, usage = self.rewrite(request.path, start)
+        rewritten, usage = self.rewrite(request, start)
         return start, rewritten, usage
 
     async def read(self, request: web.BaseRequest, start: bytes) -> tuple[bytes, bool]:
@@ -116,31 +118,42 @@ class UsageInjector:
         whole = content.at_eof() and size <= self.max_body_bytes
         return b"".join(parts), whole
 
-    def rewrite(self, path: str, body: bytes) -> tuple[Rewritten | None, UsageRole]:
+    def rewrite(self, request: web.BaseRequest, body: bytes) -> tuple[Rewritten | None, UsageRole]:
         """The body to send (``None``: the client's own) and the relay's part in it.
 
-        A body that could carry the option is only changed on a path whose
+        A body that could carry the option is only changed for a kind whose
         habit is known; otherwise it goes as it came and its stream is
-        watched to learn the habit.
+        watched to learn the habit. A request without credentials goes as
+        it came and teaches nothing.
         """
         asked = usage_request(body)
         if asked is None:
             return None, None
-        role = self.habits.role(asked.key(path), asyncio.get_running_loop().time())
+        credentials = [
+            (name.lower(), value)
+            for name, value in request.headers.items()
+            if name.lower() in CREDENTIAL_HEADERS
+        ]
+        credentials += [
+            ("?" + name, value)
+            for name, value in request.query.items()
+            if name in CREDENTIAL_QUERY_PARAMETERS
+        ]
+        kind = self.habits.key(request.raw_path, request.host, asked.model, credentials)
+        if kind is None:
+            return None, None
+        role = self.habits.role(kind, asyncio.get_running_loop().time())
         if not isinstance(role, TakeBack):
             return None, role
-        return Rewritten(asked.injected, body), role
+        return Rewritten(asked.injected, body, kind), role
 
-    def refused(self) -> None:
-        """The upstream refused the option: leave it alone for a while."""
-        self._refused_until = asyncio.get_running_loop().time() + REFUSAL_MEMORY
-
-    async def look_into_refusal(self, exchange: Exchange) -> Buffered | None:
+    async def look_into_refusal(self, exchange: Exchange, rewritten: Rewritten) -> Buffered | None:
         """A 400 to a request the sidecar asked usage for: the option's fault, or the request's?
 
         If it names ``stream_options`` (old vLLM): ``None``, the client's own
-        request is to go again, unchanged, and the upstream is left alone for
-        a while. Any other 400 is the client's, returned to pass on as it came.
+        request is to go again, unchanged, and its kind is left alone for a
+        while. Any other 400 (one that only quotes the request included) is
+        the client's, returned to pass on as it came: sent once.
         """
         upstream = exchange.head
         text, whole = await read_refusal(exchange)
@@ -153,8 +166,8 @@ class UsageInjector:
                 if n.lower() != "content-length"
             ]
             return Buffered(upstream.status, upstream.reason, headers, text)
-        self.refused()
-        log.info("the upstream refused stream_options: requests go unchanged there for a while")
+        self.habits.refused(rewritten.kind, asyncio.get_running_loop().time())
+        log.info("the upstream refused stream_options: requests of that kind go unchanged a while")
         return None
 
 

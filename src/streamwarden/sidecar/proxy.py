@@ -312,7 +312,7 @@ class Proxy:
                 # In this task: a task of its own would stay, done, for the stream.
                 exchange = await self._exchange(request, head, body)
             if rewritten is not None and exchange.head.status == 400:
-                refusal = await self._injector.look_into_refusal(exchange)
+                refusal = await self._injector.look_into_refusal(exchange, rewritten)
                 if refusal is not None:
                     return refusal.response()
                 original = self.forwarding.whole_body(rewritten.original)
