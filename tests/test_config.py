@@ -79,6 +79,18 @@ def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
     assert s.drain_timeout == 8.0  # flag over both
 
 
+def test_a_bare_off_in_the_file_is_the_word_not_yaml_false(tmp_path: Path) -> None:
+    # PyYAML reads YAML 1.1, where a bare `off` is false: a user who wrote
+    # the key's own value must get it, at the top and in a route.
+    config = tmp_path / "c.yaml"
+    config.write_text("usage_injection: off\nroutes:\n  /v1:\n    usage_injection: off\n")
+    s = load_settings(config, environ={}, overrides={"usage_injection": "auto"})
+    assert s.usage_injection == "auto"  # the flag
+    s = load_settings(config, environ={})
+    assert s.usage_injection == "off"
+    assert s.for_path("/v1/chat/completions").usage_injection == "off"
+
+
 def test_config_file_from_environment(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("upstream: http://127.0.0.1:9\n")

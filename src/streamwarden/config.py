@@ -240,6 +240,16 @@ def _networks(value: object) -> tuple[str, ...]:
 
 
 Networks = Annotated[tuple[str, ...], BeforeValidator(_networks)]
+
+
+def _yaml_off(value: object) -> object:
+    # YAML 1.1, which PyYAML reads, takes a bare `off` for false: the word
+    # the user wrote is meant.
+    return "off" if value is False else value
+
+
+#: ``auto`` or ``off``, the latter as YAML reads it bare too.
+AutoOrOff = Annotated[Literal["auto", "off"], BeforeValidator(_yaml_off)]
 #: What happens to the upstream when the client leaves mid-stream.
 ClientGonePolicy = Literal["cancel", "detach", "drain"]
 
@@ -373,7 +383,7 @@ class RouteSettings(BaseModel):
     early_headers_after: Duration | None = None
     on_client_gone: ClientGonePolicy | None = None
     resume_window: Duration | None = None
-    usage_injection: Literal["auto", "off"] | None = None
+    usage_injection: AutoOrOff | None = None
     output_filters: tuple[OutputFilter, ...] | None = None
     output_filter_tool_arguments: bool | None = None
 
@@ -469,7 +479,7 @@ class Settings(BaseModel):
     #: bytes (sidecar; per route). Off by default: it assumes the upstream
     #: answers two requests of one kind (target, host, model, credentials)
     #: alike, which a gateway routing on anything else breaks.
-    usage_injection: Literal["auto", "off"] = "off"
+    usage_injection: AutoOrOff = "off"
     #: Largest request body usage injection rewrites; larger ones go unchanged.
     usage_injection_max_body_bytes: Size = 1024 * 1024
     #: What must never reach a reader: literals, bounded regexes, the built-in
