@@ -118,6 +118,16 @@ def test_routes_override_per_prefix_longest_wins() -> None:
     assert s.for_path("/health").route == "/"
 
 
+def test_a_route_sets_its_own_tool_arguments_depth() -> None:
+    assert load_settings(environ={}).for_path("/x").limits.max_tool_arguments_depth == 128
+    s = load_settings(
+        environ={"STREAMWARDEN_MAX_TOOL_ARGUMENTS_DEPTH": "64"},
+        overrides={"routes": {"/deep": {"max_tool_arguments_depth": 300}}},
+    )
+    assert s.for_path("/deep/v1/chat/completions").limits.max_tool_arguments_depth == 300
+    assert s.for_path("/v1/chat/completions").limits.max_tool_arguments_depth == 64
+
+
 def test_routes_from_environment_as_yaml() -> None:
     s = load_settings(environ={"STREAMWARDEN_ROUTES": "{/v1: {dialect: openai-chat}}"})
     assert s.for_path("/v1/x").dialect == "openai-chat"
@@ -144,6 +154,13 @@ def test_routes_from_environment_as_yaml() -> None:
         (
             {"routes": {"/v1": {"max_tool_arguments_bytes": "512"}}},
             'routes./v1.max_tool_arguments_bytes: "512" must be a size of at least 1KiB',
+        ),
+        # A Gemini part's streamed arguments sit two levels down; past 512, json
+        # itself (which recurses) is too near its limit to parse or write them.
+        ({"max_tool_arguments_depth": 8}, "max_tool_arguments_depth: 8 must be at least 16"),
+        (
+            {"routes": {"/v1": {"max_tool_arguments_depth": 1000}}},
+            "routes./v1.max_tool_arguments_depth: 1000 must be at most 512",
         ),
         (
             {"keepalive": "1s"},

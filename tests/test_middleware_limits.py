@@ -140,6 +140,8 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "max_event_bytes",
         # tests/test_toolcalls_faces.py: the tool calls' arguments held, both faces.
         "max_tool_arguments_bytes",
+        # tests/test_toolcalls_depth_cost.py: arguments nested past it, both faces.
+        "max_tool_arguments_depth",
         "max_concurrent_streams",
         "early_headers_after",
         "dialect",

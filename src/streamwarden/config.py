@@ -46,6 +46,8 @@ from streamwarden.core.filters import (
 )
 from streamwarden.core.headers import redact_url
 from streamwarden.core.relay import Limits
+from streamwarden.core.toolcalls import DEEPEST as TOOL_ARGUMENTS_DEEPEST
+from streamwarden.core.toolcalls import DEPTH as TOOL_ARGUMENTS_DEPTH
 
 __all__ = [
     "CONFIG_FILE_VARIABLE",
@@ -213,6 +215,10 @@ def _tool_arguments_size(value: object) -> int:
 
 
 ToolArgumentsSize = Annotated[int, BeforeValidator(_tool_arguments_size)]
+#: ``max_tool_arguments_depth``: a Gemini part's streamed arguments are a list
+#: of objects, two levels before any argument; past DEEPEST, ``json`` itself
+#: (which recurses) is too near its limit to parse or write them.
+ToolArgumentsDepth = Annotated[int, Field(ge=16, le=TOOL_ARGUMENTS_DEEPEST)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 HostPort = Annotated[str, BeforeValidator(_host_port)]
@@ -379,6 +385,7 @@ class RouteSettings(BaseModel):
     client_write_timeout: Duration | None = None
     max_event_bytes: Size | None = None
     max_tool_arguments_bytes: ToolArgumentsSize | None = None
+    max_tool_arguments_depth: ToolArgumentsDepth | None = None
     dialect: DialectName | None = None
     early_headers_after: Duration | None = None
     on_client_gone: ClientGonePolicy | None = None
@@ -428,6 +435,10 @@ class Settings(BaseModel):
     #: each counts 256 bytes more, and its id): past it, ``tool_call_too_large``.
     #: At least 1KiB.
     max_tool_arguments_bytes: ToolArgumentsSize = 1024 * 1024
+    #: Most levels of objects and arrays in one tool call's arguments,
+    #: measured before anything parses or writes them again: deeper,
+    #: ``tool_call_too_large``. From 16 to 512.
+    max_tool_arguments_depth: ToolArgumentsDepth = TOOL_ARGUMENTS_DEPTH
     #: Largest request body forwarded upstream.
     max_request_body_bytes: Size = 64 * 1024 * 1024
     #: Longest request line (method, target, version) before a 414.
@@ -540,6 +551,7 @@ class Settings(BaseModel):
                 max_stream_duration=pick("max_stream_duration"),
                 max_event_bytes=pick("max_event_bytes"),
                 max_tool_arguments_bytes=pick("max_tool_arguments_bytes"),
+                max_tool_arguments_depth=pick("max_tool_arguments_depth"),
             ),
             client_write_timeout=pick("client_write_timeout"),
             early_headers_after=pick("early_headers_after"),
@@ -664,6 +676,8 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> str:
         return f"{loc}: {shown} is not true or false"
     if kind == "greater_than_equal":
         return f"{loc}: {shown} must be at least {ctx.get('ge')}"
+    if kind == "less_than_equal":
+        return f"{loc}: {shown} must be at most {ctx.get('le')}"
     return f"{loc}: {shown}: {error.get('msg', 'invalid value')}"
 
 

@@ -35,10 +35,11 @@ Tool calls (:mod:`streamwarden.core.toolcalls`): what a dialect reads of its
 tool calls is followed to each call's close. A close whose arguments are
 not a JSON object is replaced by ``tool_call_invalid`` (it is checked
 before it is written: nothing after it reaches the client), and arguments
-held past ``max_tool_arguments_bytes`` end the stream ``tool_call_too_large``
-in place of the event that went over. A stream that ends for any other
-reason while a call is open says ``tool_call_truncated`` instead of its
-own code (its end state stays its own), and names the call. An output
+held past ``max_tool_arguments_bytes``, or nested past
+``max_tool_arguments_depth``, end the stream ``tool_call_too_large`` in
+place of the event that went over. A stream that ends for any other reason
+while a call is open says ``tool_call_truncated`` instead of its own code
+(its end state stays its own), and names every call it broke. An output
 filter's ``content_blocked`` keeps its code.
 """
 
@@ -63,6 +64,7 @@ from streamwarden.core.meter import EndState, GapObserver, StreamMeter
 from streamwarden.core.refusals import refusal_body
 from streamwarden.core.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
 from streamwarden.core.toolcalls import (
+    DEPTH,
     INVALID,
     LISTED,
     TOO_LARGE,
@@ -149,6 +151,7 @@ _SEAL_OTHER = (ErrorCode.UPSTREAM_ERROR, "the stream ended before its answer")
 # event that is the whole story, for the others it comes before the terminal.
 _TRUNCATED_INSIDE = "the upstream ended the stream inside an unfinished {unit}"
 _BEFORE_TERMINAL = ", before {terminal}"
+_NESTED_TOO_DEEP = "an upstream event nested deeper than the proxy reads"
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,8 @@ class Limits:
     max_event_bytes: int
     #: Most bytes of tool-call arguments held at once (see :mod:`streamwarden.core.toolcalls`).
     max_tool_arguments_bytes: int = 1024 * 1024
+    #: Most levels of objects and arrays in one tool call's arguments.
+    max_tool_arguments_depth: int = DEPTH
 
 
 class Relay:
@@ -335,7 +340,16 @@ class Relay:
         except EventTooLarge as exc:
             out = self._forward(exc.frames, now)
             return out + self._fail(ErrorCode.EVENT_TOO_LARGE, now)
-        return self._forward(frames, now) if frames else b""
+        if not frames:
+            return b""
+        try:
+            return self._forward(frames, now)
+        except RecursionError:
+            # Nesting that a parser or a writer on the way could not follow.
+            # Each known one is measured first (max_tool_arguments_depth):
+            # this is the net under them, so that no input ends a stream
+            # without its error event.
+            return self._fail(ErrorCode.EVENT_TOO_LARGE, now, _NESTED_TOO_DEEP)
 
     def upstream_eof(self, now: float) -> bytes:
         """The upstream ended its response cleanly."""
@@ -684,16 +698,29 @@ class Relay:
         if tools is None:
             if steps is None or not starts_calls(steps):
                 return None  # a text block's stop, a choice's finish: no call yet
-            tools = self._tools = ToolCalls(self._limits.max_tool_arguments_bytes)
-            self.meter.tool_calls = tools
+            tools = self._new_tools()
         if steps is not None:
             broken = tools.follow(steps)
             if broken is not None:
                 return broken
         return tools.finish_all() if seen.terminal else None
 
+    def _new_tools(self) -> ToolCalls:
+        """The stream's tool calls, from its first."""
+        limits = self._limits
+        tools = ToolCalls(limits.max_tool_arguments_bytes, limits.max_tool_arguments_depth)
+        self._tools = self.meter.tool_calls = tools
+        return tools
+
     def _tool_failure(self, call: ToolCall, now: float) -> bytes:
         """End the stream in place of the event that broke ``call``: invalid, or too large."""
+        if call.end_state == TOO_LARGE and call.nested:
+            depth = self._limits.max_tool_arguments_depth
+            reason = (
+                f"the arguments of {call.describe()} nest deeper than {depth} levels"
+                " (max_tool_arguments_depth)"
+            )
+            return self._fail(ErrorCode.TOOL_CALL_TOO_LARGE, now, reason)
         if call.end_state == TOO_LARGE:
             limit = self._limits.max_tool_arguments_bytes
             reason = (
@@ -709,20 +736,22 @@ class Relay:
         return self._fail(ErrorCode.TOOL_CALL_INVALID, now, reason)
 
     def _inside_call(self) -> str | None:
-        """The tool call a cut now falls inside, as a message names it, if any."""
+        """The tool calls a cut now breaks, as a message names them, if any."""
         tools = self._tools
-        call = tools.open_call() if tools is not None else None
+        calls = tools.cut_calls() if tools is not None else []
         framer = self._framer
-        if call is None and self._dialect.calls_arrive_whole and framer.pending_bytes:
+        if not calls and self._dialect.calls_arrive_whole and framer.pending_bytes:
             cut = self._dialect.call_in_cut(framer.held())
             if cut is not None:
-                if tools is None:
-                    tools = self._tools = ToolCalls(self._limits.max_tool_arguments_bytes)
-                    self.meter.tool_calls = tools
-                call = tools.cut_whole(*cut)
-        if call is None:
+                calls = [(tools if tools is not None else self._new_tools()).cut_whole(*cut)]
+        if not calls:
             return None
-        return f"inside {call.describe()}, with {call.size} bytes of its arguments received"
+        if len(calls) == 1:
+            return f"inside {calls[0].describe()}, {_received(calls[0])}"
+        # Each named (id, name, bytes), up to as many as a record lists.
+        named = "; ".join(f"{call.describe()}, {_received(call)}" for call in calls[:LISTED])
+        more = f"; and {len(calls) - LISTED} more" if len(calls) > LISTED else ""
+        return f"inside {len(calls)} tool calls: {named}{more}"
 
     def _screened(self, frame: Frame, event: Event, seen: Observation) -> Frame | FilterRule | None:
         """The event as it goes into the hold-back, or the rule of a ``block`` match in it.
@@ -910,6 +939,10 @@ class Relay:
             return b""
         self.meter.bytes_out += len(error)
         return error
+
+
+def _received(call: ToolCall) -> str:
+    return f"with {call.size} bytes of its arguments received"
 
 
 def _reads_no_text(seen: Observation) -> bool:

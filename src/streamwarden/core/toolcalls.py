@@ -29,7 +29,22 @@ tool calls has none) follows them, with no I/O:
   their bytes, not a string object each. Past it the call is
   ``too_large`` (``tool_call_too_large``). A closed call keeps no
   arguments; the first :data:`LISTED` calls are kept for the stream's
-  record (id, name, end state, bytes), the others only counted.
+  record (id, name, end state, bytes), the others only counted;
+- a call's arguments nest at most ``max_tool_arguments_depth`` levels of
+  objects and arrays: deeper, it is ``too_large`` too (the same code, a
+  message that says depth). The depth is measured before anything parses
+  or writes the arguments again (:func:`nests_deeper` on their text,
+  :func:`value_depth` on a value an event carried whole, which stops at
+  :data:`DEEPEST`), so no recursion, ours or a JSON library's, ever meets
+  an upstream's nesting;
+- what one event costs does not grow with the calls open: the calls are
+  kept by scope as well, so a finish (of a choice, a candidate) reaches
+  only the calls it closes.
+
+A cut names the calls it broke (:meth:`ToolCalls.cut_calls`): the open
+calls whose arguments so far are not a whole object. One whose arguments
+are whole, waiting only for its close, is named only when no other is
+broken (the cut still kept its close from it).
 
 Ids and names come from the upstream: they are cut to :data:`LABEL_CHARS`
 printable characters before they go into a message, a log line or a span.
@@ -39,12 +54,16 @@ Arguments never leave this module.
 from __future__ import annotations
 
 import json
-from itertools import islice
+import re
+from array import array
+from itertools import accumulate, islice
 from typing import Any, Final
 
 __all__ = [
     "CALL_OVERHEAD",
     "COMPLETE",
+    "DEEPEST",
+    "DEPTH",
     "FRAGMENTS",
     "INVALID",
     "LISTED",
@@ -58,10 +77,12 @@ __all__ = [
     "finish_step",
     "is_arguments",
     "label",
+    "nests_deeper",
     "open_step",
     "size_step",
     "starts_calls",
     "utf8_size",
+    "value_depth",
     "whole_step",
 ]
 
@@ -79,6 +100,14 @@ LISTED: Final = 16
 LABEL_CHARS: Final = 64
 #: The fragments a call holds apart before the newest are joined.
 FRAGMENTS: Final = 32
+#: The default ``max_tool_arguments_depth``: levels of objects and arrays in
+#: a call's arguments. Tool schemas nest a handful; the SDKs' own parsers
+#: stop far deeper (Python's at about 1,000, with the stack it has left).
+DEPTH: Final = 128
+#: The most ``max_tool_arguments_depth`` may be: a value this deep is still
+#: parsed and written by ``json`` (which recurses) with room to spare on any
+#: stack a face runs it on. :func:`value_depth` stops counting past it.
+DEEPEST: Final = 512
 
 # What a step does.
 _OPEN: Final = 0
@@ -93,6 +122,7 @@ class ToolStep:
     __slots__ = (
         "action",
         "call_id",
+        "depth",
         "key",
         "name",
         "reported",
@@ -116,6 +146,7 @@ class ToolStep:
         verdict: bool | None = None,
         whole: bool = False,
         reported: bool = False,
+        depth: int = 0,
     ) -> None:
         self.action = action
         #: Which call, in the dialect's terms (an index, an id): hashable.
@@ -137,6 +168,9 @@ class ToolStep:
         #: AI SDK's ``tool-input-error``): recorded ``invalid``, and the stream
         #: goes on, since the client knows.
         self.reported = reported
+        #: Levels of arguments the event carried as a value (:func:`value_depth`);
+        #: arguments given as text are measured here, at the close.
+        self.depth = depth
 
 
 def open_step(key: object, call_id: Any, name: Any, scope: int = 0) -> ToolStep:
@@ -149,9 +183,10 @@ def arguments_step(key: object, fragment: str, scope: int = 0) -> ToolStep:
     return ToolStep(_ARGUMENTS, key, scope=scope, text=fragment, size=utf8_size(fragment))
 
 
-def size_step(key: object, size: int, scope: int = 0) -> ToolStep:
-    """More of a call's arguments, only counted: the dialect checks them itself."""
-    return ToolStep(_ARGUMENTS, key, scope=scope, size=size)
+def size_step(key: object, size: int, scope: int = 0, depth: int = 0) -> ToolStep:
+    """More of a call's arguments, only counted: the dialect checks them itself
+    (``depth``: how deep the value that carried them nests)."""
+    return ToolStep(_ARGUMENTS, key, scope=scope, size=size, depth=depth)
 
 
 def close_step(
@@ -164,10 +199,12 @@ def close_step(
     call_id: Any = None,
     name: Any = None,
     size: int | None = None,
+    depth: int = 0,
 ) -> ToolStep:
     """A call closes: its ``arguments`` repeated whole (checked instead of the
-    fragments), or the dialect's ``verdict``; ``whole``: a call never opened is
-    recorded as one complete in this event (else the close is ignored)."""
+    fragments), or the dialect's ``verdict`` (on a value ``depth`` levels deep);
+    ``whole``: a call never opened is recorded as one complete in this event
+    (else the close is ignored)."""
     if size is None:
         size = utf8_size(arguments) if arguments is not None else 0
     return ToolStep(
@@ -180,13 +217,19 @@ def close_step(
         verdict=False if reported else verdict,
         whole=whole,
         reported=reported,
+        depth=depth,
     )
 
 
-def whole_step(key: object, call_id: Any, name: Any, valid: bool, size: int = 0) -> ToolStep:
-    """A call whole in one event (Gemini's ``functionCall``, ``size`` bytes of arguments):
-    opened and closed at once, or the end of one whose arguments streamed."""
-    return close_step(key, verdict=valid, whole=True, call_id=call_id, name=name, size=size)
+def whole_step(
+    key: object, call_id: Any, name: Any, valid: bool, size: int = 0, depth: int = 0
+) -> ToolStep:
+    """A call whole in one event (Gemini's ``functionCall``, ``size`` bytes of arguments
+    ``depth`` levels deep): opened and closed at once, or the end of one whose
+    arguments streamed."""
+    return close_step(
+        key, verdict=valid, whole=True, call_id=call_id, name=name, size=size, depth=depth
+    )
 
 
 def finish_step(scope: int) -> ToolStep:
@@ -222,7 +265,7 @@ def utf8_size(text: str) -> int:
 class ToolCall:
     """One call as followed: who it is, how many bytes of arguments came, how it ended."""
 
-    __slots__ = ("call_id", "cost", "end_state", "name", "parts", "scope", "size")
+    __slots__ = ("call_id", "cost", "end_state", "name", "nested", "parts", "scope", "size")
 
     def __init__(self, call_id: str, name: str, scope: int) -> None:
         self.call_id = call_id
@@ -236,6 +279,8 @@ class ToolCall:
         self.parts: list[str] | None = []
         #: ``None`` while open; :data:`COMPLETE`, :data:`INVALID`, ...
         self.end_state: str | None = None
+        #: :data:`TOO_LARGE` for its depth (``max_tool_arguments_depth``), not its bytes.
+        self.nested = False
 
     def describe(self) -> str:
         """The call as a message names it: ``tool call call_1 (lookup)``."""
@@ -254,11 +299,15 @@ class ToolCall:
 class ToolCalls:
     """The tool calls of one stream (see the module docstring)."""
 
-    __slots__ = ("_counts", "_held", "_limit", "_open", "listed")
+    __slots__ = ("_counts", "_depth", "_held", "_limit", "_open", "_scopes", "listed")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, depth: int = DEPTH) -> None:
         self._limit = limit
+        self._depth = depth
         self._open: dict[object, ToolCall] = {}
+        #: The open calls again, by scope: what a finish closes, found without
+        #: looking at the calls of other scopes (thousands may be open).
+        self._scopes: dict[int, dict[object, ToolCall]] = {}
         #: Bytes held against the limit: open calls' arguments and overhead.
         self._held = 0
         self._counts: dict[str, int] = {}
@@ -268,6 +317,10 @@ class ToolCalls:
     @property
     def limit(self) -> int:
         return self._limit
+
+    @property
+    def depth(self) -> int:
+        return self._depth
 
     def follow(self, steps: list[ToolStep]) -> ToolCall | None:
         """Take one event's steps, in order; the call it broke (invalid, too large), if any."""
@@ -293,11 +346,16 @@ class ToolCalls:
                 return broken
         return None
 
-    def open_call(self) -> ToolCall | None:
-        """The first call still open, if any: a cut now is a cut inside it."""
-        for call in self._open.values():
-            return call
-        return None
+    def cut_calls(self) -> list[ToolCall]:
+        """The calls a cut now breaks: the open ones whose arguments so far are not whole.
+
+        When every open call's arguments are whole (only their close was to
+        come), the cut kept the close from them all: they are the ones. Run
+        once, at the end of a stream: it reads the arguments held.
+        """
+        calls = list(self._open.values())
+        broken = [call for call in calls if not self._whole_so_far(call)]
+        return broken or calls
 
     @property
     def open_calls(self) -> list[ToolCall]:
@@ -336,6 +394,26 @@ class ToolCalls:
             self.listed.append(call)
         return call
 
+    def _keep(self, key: object, call: ToolCall) -> None:
+        """An open call, held: by key, and by scope."""
+        self._open[key] = call
+        scope = self._scopes.get(call.scope)
+        if scope is None:
+            self._scopes[call.scope] = {key: call}
+        else:
+            scope[key] = call
+        self._held += call.cost
+
+    def _drop(self, key: object) -> ToolCall:
+        """An open call no longer held (closed, or over the limit)."""
+        call = self._open.pop(key)
+        scope = self._scopes[call.scope]
+        del scope[key]
+        if not scope:
+            del self._scopes[call.scope]
+        self._held -= call.cost + call.size
+        return call
+
     def _opened(self, step: ToolStep) -> ToolCall | None:
         call = self._open.get(step.key)
         if call is not None and step.call_id and call.call_id and step.call_id != call.call_id:
@@ -348,8 +426,7 @@ class ToolCalls:
         if call is None:
             call = self._new(step.call_id, step.name, step.scope)
             call.cost += _key_cost(step.key)
-            self._open[step.key] = call
-            self._held += call.cost
+            self._keep(step.key, call)
             return self._over(step.key, call)
         # Named again (some servers repeat the id and name on every delta).
         self._name(call, step)
@@ -382,6 +459,9 @@ class ToolCalls:
             parts.append(step.text)
             if len(parts) > FRAGMENTS:
                 _fold(parts)
+        if step.depth > self._depth:  # a value nested past the limit: refused now
+            self._drop(step.key)
+            return self._too_deep(call)
         return self._over(step.key, call)
 
     def _closed(self, step: ToolStep) -> ToolCall | None:
@@ -396,41 +476,54 @@ class ToolCalls:
                 return self._end(call, TOO_LARGE)
         else:
             self._name(call, step)
-            del self._open[key]
-            self._held -= call.cost + call.size
+            self._drop(key)
             if step.text is not None and step.size > self._limit:
                 return self._end(call, TOO_LARGE)
+        if step.depth > self._depth and not step.reported:
+            return self._too_deep(call)
         broken = self._check(call, step.text, step.verdict)
         return None if step.reported else broken
 
     def _finished(self, scope: int) -> ToolCall | None:
-        for key, call in list(self._open.items()):
-            if call.scope == scope:
-                broken = self._close(key)
-                if broken is not None:
-                    return broken
+        calls = self._scopes.get(scope)
+        if calls is None:
+            return None  # no call open there: nothing else is looked at
+        for key in list(calls):
+            broken = self._close(key)
+            if broken is not None:
+                return broken
         return None
 
     def _close(self, key: object) -> ToolCall | None:
         """A call closes with the stream's end or its scope's: its fragments decide."""
-        call = self._open.pop(key)
-        self._held -= call.cost + call.size
-        return self._check(call, None, None)
+        return self._check(self._drop(key), None, None)
 
     def _check(
         self, call: ToolCall, arguments: str | None, verdict: bool | None
     ) -> ToolCall | None:
         if verdict is None:
             parts = call.parts
-            if arguments is not None:
-                verdict = is_arguments(arguments)
-            elif parts is None:
+            if arguments is None and parts is None:
                 # Its fragments were only counted, for the dialect to judge at
                 # a close of its own, and none came: it never said it was whole.
-                verdict = False
-            else:
-                verdict = is_arguments(parts[0] if len(parts) == 1 else "".join(parts))
+                return self._end(call, INVALID)
+            if arguments is None:
+                assert parts is not None
+                arguments = parts[0] if len(parts) == 1 else "".join(parts)
+            if nests_deeper(arguments, self._depth):
+                return self._too_deep(call)
+            verdict = is_arguments(arguments)
         return self._end(call, COMPLETE if verdict else INVALID)
+
+    def _whole_so_far(self, call: ToolCall) -> bool:
+        """Whether an open call's arguments so far are a whole object (none is not)."""
+        parts = call.parts
+        if not parts:
+            return False  # none yet, or only counted: nothing says they are whole
+        arguments = parts[0] if len(parts) == 1 else "".join(parts)
+        if arguments.isspace() or nests_deeper(arguments, self._depth):
+            return False
+        return is_arguments(arguments)
 
     def _end(self, call: ToolCall, state: str) -> ToolCall | None:
         call.parts = None
@@ -438,13 +531,16 @@ class ToolCalls:
         self._counts[state] = self._counts.get(state, 0) + 1
         return None if state == COMPLETE else call
 
+    def _too_deep(self, call: ToolCall) -> ToolCall | None:
+        call.nested = True
+        return self._end(call, TOO_LARGE)
+
     def _over(self, key: object, call: ToolCall) -> ToolCall | None:
         if self._held <= self._limit:
             return None
         # The call that went over ends here, and the stream with it: what the
         # other open calls hold goes with the relay.
-        del self._open[key]
-        self._held -= call.cost + call.size
+        self._drop(key)
         return self._end(call, TOO_LARGE)
 
 
@@ -476,7 +572,10 @@ def _no_constants(name: str) -> Any:
 
 
 def is_arguments(text: str) -> bool:
-    """Whether ``text`` is a call's whole arguments: a JSON object, or nothing at all."""
+    """Whether ``text`` is a call's whole arguments: a JSON object, or nothing at all.
+
+    (Its depth is :func:`nests_deeper`'s to judge, first: the parser recurses.)
+    """
     if not text or text.isspace():
         return True
     try:
@@ -484,3 +583,48 @@ def is_arguments(text: str) -> bool:
     except (ValueError, RecursionError):  # nested past the parser: not checkable, not whole
         return False
     return isinstance(value, dict)
+
+
+# A JSON string, escapes and all (unrolled: no alternation per character), and
+# what is neither an opening nor a closing bracket.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+# Brackets as steps of depth, one signed byte each: +1 opens, -1 (0xff) closes.
+_DEPTH_STEPS = str.maketrans({"{": "\x01", "[": "\x01", "}": "\xff", "]": "\xff"})
+
+
+def nests_deeper(text: str, limit: int) -> bool:
+    """Whether the JSON ``text`` nests more than ``limit`` objects and arrays deep.
+
+    No parse and no recursion: strings (whose brackets do not nest) are taken
+    out, and the depth is the running sum of what is left, each bracket one
+    step. Text with no more opening brackets than ``limit`` cannot be deeper,
+    which two counts tell: most arguments stop there.
+    """
+    if text.count("{") + text.count("[") <= limit:
+        return False
+    brackets = _NOT_BRACKETS.sub("", _STRING.sub("", text))
+    steps = array("b", brackets.translate(_DEPTH_STEPS).encode("latin-1"))
+    return max(accumulate(steps), default=0) > limit
+
+
+def value_depth(value: object, ceiling: int = DEEPEST) -> int:
+    """Levels of objects and arrays in a parsed JSON ``value``, counted up to ``ceiling + 1``.
+
+    Level by level, never by recursion: past ``ceiling`` it stops, and the
+    value must not be written again (``json.dumps`` recurses).
+    """
+    depth = 0
+    level: list[Any] = [value]
+    while True:
+        nested = [v for v in level if isinstance(v, dict | list)]
+        if not nested:
+            return depth
+        depth += 1
+        if depth > ceiling:
+            return depth
+        level = [
+            item
+            for holder in nested
+            for item in (holder.values() if isinstance(holder, dict) else holder)
+        ]

@@ -106,6 +106,7 @@ class Pipeline(Generic[S]):
         options = RelayOptions(
             max_event_bytes=route.limits.max_event_bytes,
             max_tool_arguments_bytes=route.limits.max_tool_arguments_bytes,
+            max_tool_arguments_depth=route.limits.max_tool_arguments_depth,
         )
         for stage in planned:
             stage.configure(start, options)

@@ -29,6 +29,7 @@ from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.meter import GapObserver, StreamRecord
 from streamwarden.core.plan import StreamPlan
 from streamwarden.core.relay import Limits, Relay
+from streamwarden.core.toolcalls import DEPTH
 from streamwarden.core.usage import UsageRole
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class RelayOptions:
     max_event_bytes: int
     #: Likewise: the tool calls' arguments held, bounded on every stream.
     max_tool_arguments_bytes: int = 1024 * 1024
+    max_tool_arguments_depth: int = DEPTH
     #: The rest is "off" by default: a stage that is not planned adds nothing.
     keepalive_interval: float = 0.0
     upstream_idle_timeout: float = 0.0
@@ -111,6 +113,7 @@ class RelayOptions:
             self.max_stream_duration,
             self.max_event_bytes,
             self.max_tool_arguments_bytes,
+            self.max_tool_arguments_depth,
         )
 
 

@@ -26,6 +26,11 @@ relay forwards only whole events, so no client is ever handed part of one.
 
 A whole ``functionCall`` whose ``args`` is there but not an object is
 ``tool_call_invalid`` too (no ``args``: a function without parameters).
+Its ``args`` (and a part's ``partialArgs``) are measured before they are
+written again as JSON (for their bytes, and as text for the tokens): past
+``max_tool_arguments_depth`` the call is ``tool_call_too_large``, and a value
+past :data:`~streamwarden.core.toolcalls.DEEPEST` is never written at all
+(``json.dumps`` recurses: a thousand levels crashed it).
 
 The synthesized error is Google's own error object, as the API streams it
 when it fails mid-answer: ``{"error": {"code": <HTTP status>, "message":
@@ -93,12 +98,14 @@ from streamwarden.core.dialects.base import (
 )
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import (
+    DEEPEST,
     LABEL_CHARS,
     ToolStep,
     finish_step,
     open_step,
     size_step,
     utf8_size,
+    value_depth,
     whole_step,
 )
 
@@ -254,14 +261,17 @@ def _candidates(candidates: Any) -> tuple[str, bool, bool, list[ToolStep] | None
                 parts_text.append(text)
             call = part.get("functionCall")
             if isinstance(call, dict):
-                size = 0
+                size = depth = 0
                 if "args" in call:
-                    arguments = dump_json(call["args"])
-                    parts_text.append(arguments)
-                    size = utf8_size(arguments)
+                    args = call["args"]
+                    depth = value_depth(args)
+                    if depth <= DEEPEST:  # deeper, it is refused unwritten
+                        arguments = dump_json(args)
+                        parts_text.append(arguments)
+                        size = utf8_size(arguments)
                     tools = True
                 steps = steps if steps is not None else []
-                _call_steps(call, scope, size, steps)
+                _call_steps(call, scope, size, depth, steps)
         if candidate.get("finishReason"):
             finished = True
             steps = steps if steps is not None else []
@@ -269,30 +279,35 @@ def _candidates(candidates: Any) -> tuple[str, bool, bool, list[ToolStep] | None
     return "".join(parts_text), finished, tools, steps
 
 
-def _call_steps(call: dict[str, Any], scope: int, size: int, steps: list[ToolStep]) -> None:
+def _call_steps(
+    call: dict[str, Any], scope: int, size: int, depth: int, steps: list[ToolStep]
+) -> None:
     """A functionCall part: a whole call, or a part of one whose arguments stream (Vertex AI)."""
     call_id = call.get("id")
     name = call.get("name")
     partial = call.get("partialArgs")
     if call.get("willContinue") is True:
         steps.append(open_step(scope, call_id, name, scope))
-        steps.append(size_step(scope, _partial_size(partial), scope))
+        steps.append(_partial_step(scope, partial))
         return
     # The last part of a streamed call, or a call whole in this part: the same
     # step closes either (the relay knows whether one is open on the candidate).
     args = call.get("args")
     if partial is not None:
-        steps.append(size_step(scope, _partial_size(partial), scope))
+        steps.append(_partial_step(scope, partial))
     valid = args is None or isinstance(args, dict)
-    steps.append(whole_step(scope, call_id, name, valid, size))
+    steps.append(whole_step(scope, call_id, name, valid, size, depth))
 
 
-def _partial_size(partial: Any) -> int:
-    """Bytes of a part's streamed arguments (``partialArgs``), as JSON."""
+def _partial_step(scope: int, partial: Any) -> ToolStep:
+    """A part's streamed arguments (``partialArgs``), counted in bytes as JSON."""
     if not partial:
-        return 0
+        return size_step(scope, 0, scope)
     if isinstance(partial, list) and len(partial) == 1 and isinstance(partial[0], dict):
         value = partial[0].get("stringValue")
         if isinstance(value, str):
-            return utf8_size(value)
-    return utf8_size(dump_json(partial))
+            return size_step(scope, utf8_size(value), scope)
+    # Each piece is a path and a value (an object, a list): measured before it is written.
+    depth = value_depth(partial)
+    size = utf8_size(dump_json(partial)) if depth <= DEEPEST else 0
+    return size_step(scope, size, scope, depth)

@@ -45,7 +45,7 @@ from streamwarden.core.dialects.base import (
 )
 from streamwarden.core.filters import REDACTED
 from streamwarden.core.sse import Event
-from streamwarden.core.toolcalls import arguments_step, close_step, open_step
+from streamwarden.core.toolcalls import arguments_step, close_step, open_step, value_depth
 
 DATA_STREAM_HEADER = "x-vercel-ai-data-stream"
 UI_MESSAGE_STREAM_HEADER = "x-vercel-ai-ui-message-stream"
@@ -93,8 +93,8 @@ class VercelDataStream(Dialect):
             name = value.get("toolName")
             if kind == "b":
                 return Observation(calls=[open_step(key, key, name)])
-            verdict = _whole_input(value, "args")
-            step = close_step(key, verdict=verdict, whole=True, call_id=key, name=name)
+            verdict, depth = _whole_input(value, "args")
+            step = close_step(key, verdict=verdict, whole=True, call_id=key, name=name, depth=depth)
             return Observation(calls=[step])
         if kind == "d":
             value = load_json(payload)
@@ -168,9 +168,15 @@ class VercelUIMessageStream(Dialect):
             if kind == "tool-input-start":
                 return Observation(calls=[open_step(key, key, name)])
             reported = kind == "tool-input-error"
-            verdict = _whole_input(obj, "input")
+            verdict, depth = _whole_input(obj, "input")
             step = close_step(
-                key, verdict=verdict, whole=True, reported=reported, call_id=key, name=name
+                key,
+                verdict=verdict,
+                whole=True,
+                reported=reported,
+                call_id=key,
+                name=name,
+                depth=depth,
             )
             return Observation(calls=[step])
         if kind == "error":
@@ -223,14 +229,17 @@ def _call_key(part: dict[str, Any]) -> str:
     return call_id if isinstance(call_id, str) else ""
 
 
-def _whole_input(part: dict[str, Any], field: str) -> bool | None:
-    """The verdict on a call whose closing part carries its input whole: an object or not.
+def _whole_input(part: dict[str, Any], field: str) -> tuple[bool | None, int]:
+    """The verdict on a call whose closing part carries its input whole: an object or not;
+    and how deep the input nests.
 
     The SDK parsed (and may have repaired) the deltas itself: what the client
     runs is this input, not the deltas. Without one, the deltas decide.
     """
     value = part.get(field)
-    return None if value is None else isinstance(value, dict)
+    if value is None:
+        return None, 0
+    return isinstance(value, dict), value_depth(value)
 
 
 def _ui_whole_input(root: Any) -> bool:
