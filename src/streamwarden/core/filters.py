@@ -32,15 +32,16 @@ cannot begin any of them, which is nearly all of it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 import regex
 
 __all__ = [
     "BUILTIN_SETS",
+    "MAIN_TEXT",
     "MAX_MATCH_LENGTH",
     "REDACTED",
     "FilterError",
@@ -49,6 +50,7 @@ __all__ = [
     "FilterStats",
     "Holdback",
     "Released",
+    "TextKey",
     "WholeText",
     "apply_cuts",
     "compile_filters",
@@ -100,13 +102,20 @@ class _Pattern:
     luhn: bool = False
 
 
-# Token shapes are matched only where they begin a word: "tasks-" is not "sk-".
-_WORD_CHARS = "[A-Za-z0-9_-]"
-_WORD_START = f"(?<!{_WORD_CHARS})"
+# Token shapes are matched only where they begin a word: "tasks-" is not "sk-",
+# nor is "my_sk-". The marks markdown puts before a word (_emphasis_, __strong__,
+# *, ~~strike~~, `code`) do not make it part of one, so "_sk-" begins a key:
+# a run of them (up to eight) counts as a word start when nothing of a word
+# is before it. (A longer run counts anyway: that redacts more, never less.)
+_WORD_CHARS = "[A-Za-z0-9-]"
+_MARKS = "[_*~`]"
+_WORD_START = f"(?<!{_WORD_CHARS})(?<!{_WORD_CHARS}{_MARKS}{{0,7}}_)"
 
 
 def _token(heads: Sequence[str], body: str) -> _Pattern:
     alternatives = "|".join(re.escape(h) for h in heads)
+    # The prefilter's look-behind is the first of the two: it lets through
+    # no less than the pattern does.
     return _Pattern(f"{_WORD_START}(?:{alternatives}){body}", tuple(heads), _WORD_CHARS)
 
 
@@ -501,31 +510,78 @@ _NO_CUTS: tuple[tuple[int, int, str], ...] = ()
 _NOTHING_MATCHED = WholeText(_NO_CUTS, None, None)
 
 
+#: Which of a stream's texts a piece of text continues: :data:`MAIN_TEXT`, or
+#: a key of the dialect's (one tool call's arguments, one JSON field).
+TextKey = Hashable
+#: The stream's main text: the answer as a reader reads it, every text field
+#: of it in the order the events carry them.
+MAIN_TEXT: Final[TextKey] = None
+#: Texts a stream keeps with nothing undecided in them before the idle ones
+#: are let go (a hostile stream may open a call per event). A text let go
+#: loses its context only: a key then begins at its next text's start, which
+#: can redact more, never less.
+_MAX_IDLE_TEXTS = 256
+
+
+@dataclass(slots=True)
+class _Text:
+    """One of a stream's texts, as far as the matcher still needs it.
+
+    ``buf`` is the undecided text and a little context before it: ``buf[0]``
+    is at offset ``base`` of the text; text before ``safe`` is decided.
+    """
+
+    buf: str = ""
+    base: int = 0
+    safe: int = 0
+    #: Decided matches whose events have not all left yet.
+    matches: list[Match] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.buf)
+
+
+#: Where an event's text lies: in which text, from, to, and where in the
+#: concatenation of the event's parts it begins (for its cuts).
+_Span = tuple[_Text, int, int, int]
+
+
 @dataclass(slots=True)
 class _Held(Generic[T]):
     item: T
-    start: int
-    end: int
+    spans: tuple[_Span, ...]
     size: int
     arrived: float
     held: bool
 
 
+_NO_SPANS: tuple[_Span, ...] = ()
+
+
 class Holdback(Generic[T]):
-    """One stream's filters: events in, in order; events out once their text is decided."""
+    """One stream's filters: events in, in order; events out once their text is decided.
+
+    A stream may carry several texts at once, that a reader assembles each
+    on its own: the answer, and the arguments of each tool call, whose
+    fragments interleave. Each is matched as one string across events, so
+    a key split across a call's fragments is found whatever the other calls
+    put between them (:meth:`push_texts`); the events still leave in their
+    order, each once all of its text is decided.
+    """
 
     __slots__ = (
-        "_base",
         "_blocked_at",
-        "_buf",
         "_compiled",
+        "_forget_at",
+        "_found",
         "_held_size",
         "_items",
-        "_matches",
+        "_main",
         "_max_held",
         "_max_length",
-        "_safe",
         "_set",
+        "_texts",
         "blocked",
         "first_match",
         "overflow",
@@ -545,18 +601,18 @@ class Holdback(Generic[T]):
         # A match is decided once no longer one can start where it starts, and
         # its look-aheads have seen real text past its end.
         self._max_length = filters.max_length + filters._compiled.reach
-        # The undecided text (and a little context before it): _buf[0] is at
-        # offset _base of the stream's filtered text; text before _safe is decided.
-        self._buf = ""
-        self._base = 0
-        self._safe = 0
-        self._matches: list[Match] = []
+        self._main = _Text()
+        self._texts: dict[TextKey, _Text] = {MAIN_TEXT: self._main}
+        #: How many texts make a look for idle ones to let go.
+        self._forget_at = _MAX_IDLE_TEXTS
+        #: Matches recorded so far, of every text (whether a push found one).
+        self._found = 0
         self._items: list[_Held[T]] = []
         #: The rule of the ``block`` match that ended the stream, if one did.
         self.blocked: FilterRule | None = None
         #: The rule of the first match, of any action.
         self.first_match: FilterRule | None = None
-        self._blocked_at: int | None = None
+        self._blocked_at: tuple[_Text, int] | None = None
         self.stats = FilterStats()
 
     @property
@@ -567,14 +623,16 @@ class Holdback(Generic[T]):
     def push(self, item: T, text: str, size: int, now: float) -> list[Released[T]] | None:
         """One event arrived (``text``: what the filters read of it, maybe empty).
 
-        ``None`` means this event leaves at once, unchanged: nothing waits
-        before it and no match touches it (nearly every event). Otherwise
-        the events that may leave now, in order (maybe none: a prefix is
-        pending). After a ``block`` match nothing more is ever released.
+        ``text`` continues the stream's main text. ``None`` means this event
+        leaves at once, unchanged: nothing waits before it and no match
+        touches it (nearly every event). Otherwise the events that may
+        leave now, in order (maybe none: a prefix is pending). After a
+        ``block`` match nothing more is ever released.
         """
         if self.blocked is not None or self.overflow:
             return []
         items = self._items
+        main = self._main
         if not items:
             if not text:
                 return None
@@ -582,23 +640,79 @@ class Holdback(Generic[T]):
             # (the context before it counts for look-behinds) needs a closer look.
             prefilter = self._compiled.prefilter
             if prefilter is not None:
-                old = self._buf
+                old = main.buf
                 buf = old + text
                 if prefilter.search(buf, len(old)) is None:
                     kept = buf[-_CONTEXT:]
-                    self._base += len(buf) - len(kept)
-                    self._buf = kept
-                    self._safe = self._base + len(kept)
+                    main.base += len(buf) - len(kept)
+                    main.buf = kept
+                    main.safe = main.base + len(kept)
                     return None
-        start = self._base + len(self._buf)
-        end = start + len(text)
+        spans = _NO_SPANS
         if text:
-            matched = len(self._matches)
-            self._buf += text
-            self._scan(final=False)
-            if not items and self._safe >= end and len(self._matches) == matched:
+            found = self._found
+            start = main.end
+            main.buf += text
+            self._scan(main, final=False)
+            if not items and main.safe >= start + len(text) and self._found == found:
                 return None
-        items.append(_Held(item, start, end, size, now, False))
+            spans = ((main, start, start + len(text), 0),)
+        return self._wait(item, spans, size, now)
+
+    def push_texts(
+        self, item: T, texts: Sequence[tuple[TextKey, str]], size: int, now: float
+    ) -> list[Released[T]] | None:
+        """As :meth:`push`, for an event whose parts continue several texts, each by its key.
+
+        The cuts of what leaves are offsets in the concatenation of the
+        event's parts, in the order given.
+        """
+        if self.blocked is not None or self.overflow:
+            return []
+        found = self._found
+        spans: list[_Span] = []
+        at = 0
+        decided = True
+        for key, text in texts:
+            if not text:
+                continue
+            kept = self._texts.get(key)
+            if kept is None:
+                if len(self._texts) >= self._forget_at:
+                    self._forget_idle_texts()
+                kept = self._texts[key] = _Text()
+            start = kept.end
+            kept.buf += text
+            self._scan(kept, final=False)
+            end = start + len(text)
+            spans.append((kept, start, end, at))
+            decided = decided and kept.safe >= end
+            at += len(text)
+        if not self._items and decided and self._found == found:
+            return None
+        return self._wait(item, tuple(spans), size, now)
+
+    def close(self, now: float) -> list[Released[T]]:
+        """The text ended (the terminal event, the end of the stream): decide the rest.
+
+        The texts so far are decided as they stand and every waiting event
+        leaves. Text pushed afterwards (an upstream that goes on after its
+        terminal event) is still filtered, as a new run of text.
+        """
+        if self.blocked is not None or self.overflow:
+            return []
+        for text in list(self._texts.values()):
+            self._scan(text, final=True)
+            if self.blocked is not None:
+                break
+        return self._release(now)
+
+    # -- internals -------------------------------------------------------------
+
+    def _wait(self, item: T, spans: tuple[_Span, ...], size: int, now: float) -> list[Released[T]]:
+        """Queue an event behind those waiting, and let go of what is decided."""
+        items = self._items
+        items.append(_Held(item, spans, size, now, False))
         self._held_size += size
         released = self._release(now)
         # Events leave from the front and arrive at the back, so only the one
@@ -613,24 +727,10 @@ class Holdback(Generic[T]):
             items.clear()
         return released
 
-    def close(self, now: float) -> list[Released[T]]:
-        """The text ended (the terminal event, the end of the stream): decide the rest.
-
-        The text so far is decided as it stands and every waiting event
-        leaves. Text pushed afterwards (an upstream that goes on after its
-        terminal event) is still filtered, as a new run of text.
-        """
-        if self.blocked is not None or self.overflow:
-            return []
-        self._scan(final=True)
-        return self._release(now)
-
-    # -- internals -------------------------------------------------------------
-
-    def _scan(self, *, final: bool) -> None:
-        buf = self._buf
+    def _scan(self, text: _Text, *, final: bool) -> None:
+        buf = text.buf
         n = len(buf)
-        pos = self._safe - self._base
+        pos = text.safe - text.base
         compiled = self._compiled
         prefilter = compiled.prefilter
         rules = self._set.rules
@@ -662,55 +762,96 @@ class Holdback(Generic[T]):
                 pos = start + 1  # nothing starts here after all (no card number, say)
                 continue
             end, rule, closed = decided
-            self._record(Match(self._base + start, self._base + end, rule), rules[rule], closed)
+            match = Match(text.base + start, text.base + end, rule)
+            self._record(text, match, rules[rule], closed)
             if self.blocked is not None:
                 pos = end
                 break
             pos = end
-        self._safe = self._base + pos
+        text.safe = text.base + pos
         keep = max(0, pos - _CONTEXT)
         if keep:
-            self._buf = buf[keep:]
-            self._base += keep
+            text.buf = buf[keep:]
+            text.base += keep
 
-    def _record(self, match: Match, rule: FilterRule, closed: bool = False) -> None:
+    def _record(self, text: _Text, match: Match, rule: FilterRule, closed: bool = False) -> None:
         """A decided match; ``closed``: it ran past its filter's length, so it blocks."""
         key = (rule.name, "block" if closed else rule.action)
         matches = self.stats.matches
         matches[key] = matches.get(key, 0) + 1
-        self._matches.append(match)
+        text.matches.append(match)
+        self._found += 1
         if self.first_match is None:
             self.first_match = rule
         if rule.action == "block" or closed:
             self.blocked = rule
-            self._blocked_at = match.start
+            self._blocked_at = (text, match.start)
 
     def _release(self, now: float) -> list[Released[T]]:
         items = self._items
-        matches = self._matches
         blocked_at = self._blocked_at
-        # After a block, the events before the one it begins in still leave.
-        limit = self._safe if blocked_at is None else blocked_at
         out: list[Released[T]] = []
         taken = 0
         stats = self.stats
+        # How far each text's released events reach: its matches before that cut nothing more.
+        reached: dict[int, tuple[_Text, int]] = {}
         for held in items:
-            if held.end > limit:
+            if not _decided(held.spans, blocked_at):
                 break
-            out.append(Released(held.item, _cuts(held.start, held.end, matches)))
+            out.append(Released(held.item, _event_cuts(held.spans)))
             self._held_size -= held.size
             if held.held and len(stats.hold_times) < _MAX_HOLD_SAMPLES:
                 stats.hold_times.append(now - held.arrived)
+            for text, _, end, _ in held.spans:
+                if text.matches:
+                    reached[id(text)] = (text, end)
             taken += 1
         if taken:
             del items[:taken]
-            if matches:
-                # A match ending before the first waiting event's text cuts nothing more.
-                edge = items[0].start if items else self._safe
-                self._matches = [m for m in matches if m.end > edge]
+            for text, end in reached.values():
+                text.matches = [m for m in text.matches if m.end > end]
         if blocked_at is not None:
             items.clear()
         return out
+
+    def _forget_idle_texts(self) -> None:
+        """Let go of the texts with nothing undecided and no match to cut (not the main one).
+
+        The next look is when the texts kept have doubled: those still busy
+        each hold an event back, so they are bounded by the bytes held, and
+        a stream of them costs no look over all of them per new one.
+        """
+        self._texts = {
+            key: text
+            for key, text in self._texts.items()
+            if key is MAIN_TEXT or text.matches or text.safe < text.end
+        }
+        self._forget_at = max(_MAX_IDLE_TEXTS, 2 * len(self._texts))
+
+
+def _decided(spans: tuple[_Span, ...], blocked_at: tuple[_Text, int] | None) -> bool:
+    """Whether all of an event's text is decided.
+
+    After a block, only the events before the one it begins in are: they
+    still leave.
+    """
+    for text, _, end, _ in spans:
+        limit = blocked_at[1] if blocked_at is not None and blocked_at[0] is text else text.safe
+        if end > limit:
+            return False
+    return True
+
+
+def _event_cuts(spans: tuple[_Span, ...]) -> tuple[tuple[int, int, str], ...]:
+    """An event's cuts, in the concatenation of its parts, from the matches of each text."""
+    if len(spans) == 1:
+        text, start, end, _ = spans[0]
+        return _cuts(start, end, text.matches)
+    cuts: list[tuple[int, int, str]] = []
+    for text, start, end, at in spans:
+        for cut_start, cut_end, replacement in _cuts(start, end, text.matches):
+            cuts.append((cut_start + at, cut_end + at, replacement))
+    return tuple(cuts) if cuts else _NO_CUTS
 
 
 def _card_end(buf: str, start: int, end: int) -> int:

@@ -58,7 +58,14 @@ from streamwarden.core.dialects import (
     sniff,
     stream_framing,
 )
-from streamwarden.core.filters import FilterRule, FilterSet, Holdback, Released, apply_cuts
+from streamwarden.core.dialects.base import DecodedJSON, read_as_text
+from streamwarden.core.filters import (
+    FilterRule,
+    FilterSet,
+    Holdback,
+    Released,
+    apply_cuts,
+)
 from streamwarden.core.journal import Journal, strip_ids
 from streamwarden.core.meter import EndState, GapObserver, StreamMeter
 from streamwarden.core.refusals import refusal_body
@@ -626,7 +633,6 @@ class Relay:
         """As :meth:`_forward`, through the output filters' hold-back."""
         holdback = self._holdback
         assert holdback is not None and self._filters is not None
-        tools = self._filters.tool_arguments
         meter = self.meter
         take_chunk = self._take_usage_chunk
         take_null = self._take_usage_null
@@ -665,9 +671,7 @@ class Relay:
                 self._terminal_seen = meter.usage_final = True
             if seen.error:
                 meter.upstream_reported_error = True
-            # Tool-call arguments: the filters read this event's text themselves.
-            parts = self._dialect.filter_text(event, tools) if seen.tools else None
-            events += self._hold(frame, parts, seen.text, out, now)
+            events += self._hold(frame, event, seen, out, now)
             if terminal:  # no more text comes: what waits is decided now
                 events += self._take(holdback.close(now), out, now)
             if holdback.blocked is not None or holdback.overflow or self._unwritable:
@@ -781,20 +785,34 @@ class Relay:
         ):
             # Text the dialect does not read (a field it does not know, an
             # event type it does not expect, data it cannot parse) is still
-            # text a client may show: a match in it fails closed.
+            # text a client may show, as its JSON parser decodes it: a match
+            # in it fails closed.
             unread = filters.whole(event.data)
+            if unread.matched is None and "\\" in event.data:
+                decoded = read_as_text(event.data)
+                if isinstance(decoded, DecodedJSON):
+                    unread = filters.whole(decoded[0])
             if unread.matched is not None:
                 return unread.blocked or unread.matched
         return frame
 
     def _hold(
-        self, frame: Frame, parts: list[str] | None, text: str, out: list[Frame], now: float
+        self, frame: Frame, event: Event, seen: Observation, out: list[Frame], now: float
     ) -> int:
         """Put an event in the hold-back; append what leaves it to ``out``, return how many."""
         holdback = self._holdback
-        assert holdback is not None
-        filtered = text if parts is None else "".join(parts)
-        released = holdback.push((frame, parts, text), filtered, len(frame.raw), now)
+        assert holdback is not None and self._filters is not None
+        dialect = self._dialect
+        text = seen.text
+        size = len(frame.raw)
+        if seen.tools or dialect.reads_own_texts(event):
+            # Tool-call arguments (each call's a text of its own), or data read
+            # decoded: the filters read this event's texts themselves.
+            keyed = dialect.filter_texts(event, self._filters.tool_arguments)
+            parts = [part for _, part in keyed]
+            released = holdback.push_texts((frame, parts, text), keyed, size, now)
+        else:  # the dialect's own text is what they read, all of the main text
+            released = holdback.push((frame, None, text), text, size, now)
         if released is not None:
             return self._take(released, out, now)
         # Nothing waits and nothing matched: out as it came.

@@ -21,12 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 from streamwarden.core.dialects.base import (
+    MAIN_TEXT,
     NOTHING,
     TERMINAL,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
-    Place,
+    TextPlace,
     as_int,
     dump_json,
     load_json,
@@ -97,7 +98,7 @@ class Anthropic(Dialect):
         error = {"type": _ERROR_TYPES.get(code, "api_error"), "code": code, "message": message}
         return sse_block(dump_json({"type": "error", "error": error}), event="error")
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
         if not isinstance(root, dict):
             return []
         kind = event.event if event.event != "message" else str(root.get("type", ""))
@@ -108,7 +109,11 @@ class Anthropic(Dialect):
         field = _DELTA_TEXT.get(kind)
         if field is None or (kind == "input_json_delta" and not tool_arguments):
             return []
-        return [(delta, field)] if isinstance(delta.get(field), str) else []
+        if not isinstance(delta.get(field), str):
+            return []
+        # A tool call's input is a text of its own, by its block: blocks may interleave.
+        text = ("tool_call", _block(root)) if kind == "input_json_delta" else MAIN_TEXT
+        return [(delta, field, text)]
 
     @classmethod
     def sniff(cls, event: Event) -> bool:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
 from streamwarden.core.dialects.raw import RawText as RawText
+from streamwarden.core.filters import MAIN_TEXT as MAIN_TEXT
+from streamwarden.core.filters import REDACTED, TextKey
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import ToolStep
 
@@ -50,8 +52,9 @@ class Observation:
     #: one a client that did not ask for usage must not see.
     usage_only: bool
     #: Part of ``text`` is tool-call arguments: output filters read such an
-    #: event themselves (:meth:`Dialect.filter_text`); for any other event
-    #: ``text`` is exactly the text they read, in the same order.
+    #: event themselves (:meth:`Dialect.filter_texts`), each call's arguments
+    #: a text of its own; for any other event ``text`` is exactly the text
+    #: they read, in the same order, all of it the stream's main text.
     tools: bool
     #: What the event says of tool calls (one opens, its arguments grow, it
     #: closes), in order, for the relay's :class:`~streamwarden.core.toolcalls.ToolCalls`;
@@ -89,6 +92,9 @@ UPSTREAM_ERROR: Final = Observation(error=True)
 
 #: A place of text in an event's decoded data: ``container[key]`` is the string.
 Place = tuple[Any, Any]
+#: A place of text, and which of the stream's texts its string continues
+#: (:data:`~streamwarden.core.filters.MAIN_TEXT`, or one tool call's arguments).
+TextPlace = tuple[Any, Any, TextKey]
 
 
 class WithTokens:
@@ -175,13 +181,23 @@ class Dialect:
 
     # -- output filters: one walker per format finds the places of text ------
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
         """Where the text a reader sees lies in ``root`` (the event's data as loaded).
 
-        Tool-call argument fragments are included with ``tool_arguments``.
-        The default: the whole data is text.
+        Each place says which of the stream's texts it continues: the main
+        text, or the arguments of one tool call (its fragments may
+        interleave with another call's). Tool-call argument fragments are
+        included with ``tool_arguments``. The default: the whole data is
+        the main text.
         """
-        return [(root, 0)] if isinstance(root, RawText) and root[0] else []
+        if isinstance(root, RawText | DecodedJSON) and root[0]:
+            return [(root, 0, MAIN_TEXT)]
+        return []
+
+    def reads_own_texts(self, event: Event) -> bool:
+        """Whether the filters must read ``event`` with :meth:`filter_texts` though
+        :attr:`Observation.tools` is false: its observed text is not the text they read."""
+        return False
 
     def load_data(self, event: Event, loads: Callable[[str], Any] | None = None) -> Any:
         """The event's data as the text walker reads it (JSON by default)."""
@@ -190,12 +206,19 @@ class Dialect:
 
     def dump_data(self, event: Event, root: Any) -> str:
         """The event's data again, from ``root`` as :meth:`load_data` gave it."""
-        return root[0] if isinstance(root, RawText) else dump_json(root)
+        if isinstance(root, RawText):
+            return root[0]
+        return dump_json(root.value if isinstance(root, DecodedJSON) else root)
 
     def filter_text(self, event: Event, tool_arguments: bool) -> list[str]:
         """The event's text parts, in order, for the output filters (none: no text)."""
         root = self.load_data(event)
-        return [c[k] for c, k in self.text_places(root, event, tool_arguments)]
+        return [c[k] for c, k, _ in self.text_places(root, event, tool_arguments)]
+
+    def filter_texts(self, event: Event, tool_arguments: bool) -> list[tuple[TextKey, str]]:
+        """As :meth:`filter_text`, each part with the text it continues."""
+        root = self.load_data(event)
+        return [(text, c[k]) for c, k, text in self.text_places(root, event, tool_arguments)]
 
     # Some formats send, after a text's deltas, the whole text again in a
     # summary event (the Responses API's ``*.done`` events and its final
@@ -241,11 +264,86 @@ class Dialect:
         exactly as it was (see :func:`_load_json_fast`).
         """
         root = self.load_data(event, _load_json_stdlib)
-        for (container, key), part in zip(
+        for (container, key, _), part in zip(
             self.text_places(root, event, tool_arguments), parts, strict=True
         ):
             container[key] = part
         return self.dump_data(event, root)
+
+
+class ArgumentsText:
+    """Tool arguments given as an object, as the filters read them: their compact JSON text.
+
+    A rewrite with what the filters left is parsed back when it is JSON
+    that dumps to exactly that text (a match within strings: each becomes
+    ``[redacted]`` where the match was); any other rewrite (a match in a
+    number, or across the JSON's own punctuation) replaces the whole
+    arguments with the string ``[redacted]``: nothing of the match can be
+    left in a value, a key or a number that way.
+    """
+
+    __slots__ = ("_holder",)
+
+    def __init__(self, holder: dict[str, Any]) -> None:
+        self._holder = holder
+
+    def __getitem__(self, field: str) -> str:
+        return dump_json(self._holder[field])
+
+    def __setitem__(self, field: str, text: str) -> None:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            value = REDACTED
+        else:
+            if dump_json(value) != text:
+                value = REDACTED
+        self._holder[field] = value
+
+
+class DecodedJSON:
+    """Data that is JSON written with escapes, read as its text: ``root[0]``.
+
+    A reader sees what the JSON says, not how it is written: ``\\u0073k-``
+    is ``sk-``, ``\\/`` is ``/``. So the filters read such data as its
+    compact JSON with no escape but those JSON needs (quotes, backslashes,
+    control characters): keys, numbers and strings alike, in their order,
+    the way the raw data reads when it has no escape. A rewrite with what
+    the filters left is taken back when it is JSON that is written exactly
+    so (a match within a string); any other (across the JSON's own
+    punctuation, in a number) raises ``ValueError``: the event cannot be
+    written again, and the stream fails closed.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __getitem__(self, key: int) -> str:
+        return dump_json(self.value)
+
+    def __setitem__(self, key: int, text: str) -> None:
+        try:
+            value = json.loads(text)
+        except RecursionError:
+            raise ValueError("nested too deep to read back") from None
+        if dump_json(value) != text:
+            raise ValueError("a cut across the JSON's own punctuation")
+        self.value = value
+
+
+def read_as_text(data: str, loads: Callable[[str], Any] | None = None) -> RawText | DecodedJSON:
+    """Data that is its own text (no format the dialect knows): as it is, or as JSON decoded.
+
+    Only data with an escape in it is parsed: any other reads the same
+    either way, and is left as it came.
+    """
+    if "\\" in data and data.lstrip()[:1] in ("{", "[", '"'):
+        value = (loads or _load_json_stdlib)(data)
+        if value is not None:
+            return DecodedJSON(value)
+    return RawText([data])
 
 
 def _load_json_stdlib(data: str) -> Any:

@@ -2,8 +2,8 @@
 
 Unnamed events whose data is a ``GenerateContentResponse``: text in
 ``candidates[].content.parts[].text``, tool calls as whole ``functionCall``
-parts (counted as text for tokens, but not read by output filters: their
-arguments are a JSON object, not text), cumulative
+parts (counted as text for tokens; output filters that read tool arguments
+read their ``args`` object as its compact JSON), cumulative
 ``usageMetadata.candidatesTokenCount``. The last chunk
 carries a ``finishReason``; there is no separate terminal event, so that
 chunk is the terminal one.
@@ -85,11 +85,13 @@ import re
 from typing import Any
 
 from streamwarden.core.dialects.base import (
+    MAIN_TEXT,
     NOTHING,
     UPSTREAM_ERROR,
+    ArgumentsText,
     Dialect,
     Observation,
-    Place,
+    TextPlace,
     as_int,
     dump_json,
     load_json,
@@ -163,17 +165,23 @@ class Gemini(Dialect):
         error = {"code": http_status, "message": message, "status": status, "details": [info]}
         return sse_block(dump_json({"error": error}))
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
-        # Text parts only: a functionCall's args are a whole JSON object, not text.
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
+        # The same as _candidates, in the same order: text parts, and with
+        # tool_arguments a functionCall's args, whole in the part, read as the
+        # compact JSON its tokens were counted by (see ArgumentsText).
         candidates = root.get("candidates") if isinstance(root, dict) else None
-        places: list[Place] = []
+        places: list[TextPlace] = []
         for candidate in candidates if isinstance(candidates, list) else ():
             content = candidate.get("content") if isinstance(candidate, dict) else None
             parts = content.get("parts") if isinstance(content, dict) else None
             for part in parts if isinstance(parts, list) else ():
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     # The candidate's logprobsResult spells its tokens: they go with a rewrite.
-                    places.append(token_place(part, "text", candidate, "logprobsResult"))
+                    place = token_place(part, "text", candidate, "logprobsResult")
+                    places.append((*place, MAIN_TEXT))
+                call = part.get("functionCall") if isinstance(part, dict) else None
+                if tool_arguments and isinstance(call, dict) and "args" in call:
+                    places.append((ArgumentsText(call), "args", MAIN_TEXT))
         return places
 
     @classmethod

@@ -16,15 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 from streamwarden.core.dialects.base import (
+    MAIN_TEXT,
     NOTHING,
     UPSTREAM_ERROR,
+    DecodedJSON,
     Dialect,
     Observation,
-    Place,
     RawText,
+    TextPlace,
     as_int,
     dump_json,
     load_json,
+    read_as_text,
 )
 from streamwarden.core.sse import Event
 
@@ -68,19 +71,24 @@ class NDJSON(Dialect):
     def error_event(self, code: str, message: str) -> bytes:
         return (dump_json({"error": message, "code": code}) + "\n").encode()
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
         # The same text as inspect: a line in Ollama's shape has its content
         # and thinking; any other line is text as a whole (see load_data).
         if isinstance(root, RawText):
-            return [(root, 0)] if root[0] else []
+            return [(root, 0, MAIN_TEXT)] if root[0] else []
+        if isinstance(root, DecodedJSON):
+            return [(root, 0, MAIN_TEXT)]
         message = root.get("message")
         holder = message if isinstance(message, dict) else root
         fields = ("content", "thinking") if holder is message else ("response", "thinking")
-        return [(holder, f) for f in fields if isinstance(holder.get(f), str)]
+        return [(holder, f, MAIN_TEXT) for f in fields if isinstance(holder.get(f), str)]
 
     def load_data(self, event: Event, loads: Any = None) -> Any:
         # Only a line in Ollama's shape is read as JSON; any other line, an
         # object without "done" too, is its own text, kept as the line itself,
         # so that a redaction is made in what is dumped again.
         root = super().load_data(event, loads)
-        return root if isinstance(root, dict) and "done" in root else RawText([event.data])
+        return root if isinstance(root, dict) and "done" in root else read_as_text(event.data)
+
+    def reads_own_texts(self, event: Event) -> bool:
+        return "\\" in event.data  # a line of no Ollama shape is read decoded

@@ -1,8 +1,9 @@
 """OpenAI Chat Completions streaming (and every server that copies it: vLLM, TGI, llama.cpp).
 
 Events carry no ``event:`` field; each ``data:`` is a ``chat.completion.chunk``
-whose ``choices[].delta`` holds content, reasoning or tool-call argument
-fragments. The stream ends with ``data: [DONE]``. Usage arrives in a last
+whose ``choices[].delta`` holds content, a refusal, reasoning, a spoken
+answer's transcript (``audio.transcript``) or tool-call argument fragments.
+The stream ends with ``data: [DONE]``. Usage arrives in a last
 chunk with empty ``choices`` when the client asked for
 ``stream_options.include_usage`` (some servers send it on every chunk).
 The legacy Completions stream (``choices[].text``) is the same format.
@@ -24,12 +25,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from streamwarden.core.dialects.base import (
+    MAIN_TEXT,
     NOTHING,
     TERMINAL,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
-    Place,
+    TextPlace,
     as_int,
     dump_json,
     load_json,
@@ -153,31 +155,39 @@ class OpenAIChat(Dialect):
         error = {"message": message, "type": "stream_error", "code": code, "param": None}
         return sse_block(dump_json({"error": error}))
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
         # The same fields as _choices_text, in the same order. A choice's
-        # logprobs spell its tokens: a rewritten text takes them along.
+        # logprobs spell its tokens: a rewritten text takes them along. Each
+        # tool call's arguments are a text of their own (calls of one choice
+        # may interleave), keyed as the call tracker keys the call.
         choices = root.get("choices") if isinstance(root, dict) else None
         if not isinstance(choices, list):
             return []
-        places: list[Place] = []
-        for choice in choices:
+        places: list[TextPlace] = []
+        for position, choice in enumerate(choices):
             if not isinstance(choice, dict):
                 continue
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 for field, value in delta.items():
                     if field in _DELTA_TEXT_FIELDS and isinstance(value, str):
-                        places.append(token_place(delta, field, choice))
+                        places.append((*token_place(delta, field, choice), MAIN_TEXT))
+                audio = delta.get("audio")
+                if isinstance(audio, dict) and isinstance(audio.get("transcript"), str):
+                    places.append((*token_place(audio, "transcript", choice), MAIN_TEXT))
                 calls = delta.get("tool_calls")
                 if tool_arguments and isinstance(calls, list):
-                    for call in calls:
+                    scope = _index(choice, position)
+                    for at, call in enumerate(calls):
                         function = call.get("function") if isinstance(call, dict) else None
                         if isinstance(function, dict) and isinstance(
                             function.get("arguments"), str
                         ):
-                            places.append(token_place(function, "arguments", choice))
+                            assert isinstance(call, dict)
+                            key = ("tool_call", scope, _index(call, at))
+                            places.append((*token_place(function, "arguments", choice), key))
             if isinstance(choice.get("text"), str):
-                places.append(token_place(choice, "text", choice))
+                places.append((*token_place(choice, "text", choice), MAIN_TEXT))
         return places
 
     @classmethod
@@ -395,6 +405,11 @@ def _choices_text(choices: Any) -> tuple[str, bool, list[ToolStep] | None]:
             for field, value in delta.items():
                 if field in _DELTA_TEXT_FIELDS and isinstance(value, str):
                     parts.append(value)
+            audio = delta.get("audio")  # a spoken answer: its transcript is its text
+            if isinstance(audio, dict):
+                transcript = audio.get("transcript")
+                if isinstance(transcript, str):
+                    parts.append(transcript)
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
                 before = len(parts)

@@ -2,7 +2,8 @@
 
 Every event has an ``event:`` name equal to its data's ``type``:
 ``response.created``, ``response.output_text.delta``,
-``response.function_call_arguments.delta``, ... The stream ends with one of
+``response.function_call_arguments.delta``, ``response.audio.transcript.delta``
+(a spoken answer's text), ... The stream ends with one of
 ``response.completed``, ``response.failed`` or ``response.incomplete``; the
 first and last carry ``response.usage.output_tokens``. A provider-side
 failure is ``response.failed`` or an ``error`` event. After its deltas,
@@ -28,11 +29,13 @@ from __future__ import annotations
 from typing import Any
 
 from streamwarden.core.dialects.base import (
+    MAIN_TEXT,
     NOTHING,
     UPSTREAM_ERROR,
     Dialect,
     Observation,
     Place,
+    TextPlace,
     as_int,
     dump_json,
     load_json,
@@ -57,6 +60,8 @@ _TEXT_DELTAS = frozenset(
         "response.custom_tool_call_input.delta",
         "response.reasoning_text.delta",
         "response.reasoning_summary_text.delta",
+        # A spoken answer's transcript, as it is said.
+        "response.audio.transcript.delta",
     }
 )
 _TOOL_DELTAS = frozenset(
@@ -146,13 +151,19 @@ class OpenAIResponses(Dialect):
         payload = {"type": "error", "code": code, "message": message, "param": None, "error": error}
         return sse_block(dump_json(payload), event="error")
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
         if not isinstance(root, dict):
             return []
         kind = event.event if event.event != "message" else str(root.get("type", ""))
         if kind not in _TEXT_DELTAS or (kind in _TOOL_DELTAS and not tool_arguments):
             return []
-        return [token_place(root, "delta", root)] if isinstance(root.get("delta"), str) else []
+        if not isinstance(root.get("delta"), str):
+            return []
+        # A call's arguments are a text of their own: calls may interleave.
+        text = MAIN_TEXT
+        if kind in _TOOL_DELTAS:
+            text = ("tool_call", _call_key(root, root.get("item_id")))
+        return [(*token_place(root, "delta", root), text)]
 
     def repeats_text(self, event: Event) -> bool:
         kind = event.event
@@ -233,9 +244,10 @@ def _call_edge(kind: str, obj: Any, data: str) -> Observation:
 
 
 def _part_places(part: Any, places: list[Place]) -> None:
-    """A content part's text (``output_text``, ``reasoning_text``, ``summary_text``) or refusal."""
+    """A content part's text (``output_text``, ``reasoning_text``, ``summary_text``), refusal,
+    or a spoken answer's transcript (``output_audio``)."""
     if isinstance(part, dict):
-        for field in ("text", "refusal"):
+        for field in ("text", "refusal", "transcript"):
             if isinstance(part.get(field), str):
                 places.append(token_place(part, field, part))
 

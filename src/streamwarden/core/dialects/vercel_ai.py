@@ -28,22 +28,23 @@ inside the message text.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from streamwarden.core.dialects.base import (
+    MAIN_TEXT,
     NOTHING,
     TERMINAL,
     UPSTREAM_ERROR,
+    ArgumentsText,
     Dialect,
     Observation,
     Place,
+    TextPlace,
     as_int,
     dump_json,
     load_json,
     sse_block,
 )
-from streamwarden.core.filters import REDACTED
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import arguments_step, close_step, open_step, value_depth
 
@@ -119,12 +120,14 @@ class VercelDataStream(Dialect):
     def dump_data(self, event: Event, root: Any) -> str:
         return f"{root[0]}:{dump_json(root[1])}"
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
         kind, value = root
         if kind in ("0", "g") and isinstance(value, str):
-            return [(root, 1)]
+            return [(root, 1, MAIN_TEXT)]
         if kind == "c" and tool_arguments and isinstance(value, dict):
-            return [(value, "argsTextDelta")] if isinstance(value.get("argsTextDelta"), str) else []
+            if not isinstance(value.get("argsTextDelta"), str):
+                return []
+            return [(value, "argsTextDelta", ("tool_call", _call_key(value)))]
         return []
 
     # The 9: tool call repeats, whole, the arguments the c: deltas streamed.
@@ -196,12 +199,16 @@ class VercelUIMessageStream(Dialect):
     def error_event(self, code: str, message: str) -> bytes:
         return sse_block(dump_json({"type": "error", "errorText": message}))
 
-    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[Place]:
+    def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
         kind = root.get("type") if isinstance(root, dict) else None
         field = _UI_TEXT_FIELDS.get(kind) if isinstance(kind, str) else None
         if field is None or (kind == "tool-input-delta" and not tool_arguments):
             return []
-        return [(root, field)] if isinstance(root.get(field), str) else []
+        if not isinstance(root.get(field), str):
+            return []
+        # A call's input is a text of its own: calls may interleave.
+        text = ("tool_call", _call_key(root)) if kind == "tool-input-delta" else MAIN_TEXT
+        return [(root, field, text)]
 
     # tool-input-available (and tool-input-error) repeats, whole, the input
     # the tool-input-delta parts streamed. Decided by the parsed type: a look
@@ -253,39 +260,9 @@ def _argument_places(holder: dict[str, Any], field: str) -> list[Place]:
 
     The deltas streamed the arguments as JSON text, so the filters read the
     parsed object the same way, whole: its compact JSON, where a key, a
-    number or an object's key is text like any other (see :class:`_Arguments`).
+    number or an object's key is text like any other (see :class:`ArgumentsText`).
     """
     value = holder.get(field)
     if isinstance(value, str):
         return [(holder, field)]
-    return [(_Arguments(holder), field)] if value is not None else []
-
-
-class _Arguments:
-    """Tool arguments given as an object, as the filters read them: their compact JSON text.
-
-    A rewrite with what the filters left is parsed back when it is JSON
-    that dumps to exactly that text (a match within strings: each becomes
-    ``[redacted]`` where the match was); any other rewrite (a match in a
-    number, or across the JSON's own punctuation) replaces the whole
-    arguments with the string ``[redacted]``: nothing of the match can be
-    left in a value, a key or a number that way.
-    """
-
-    __slots__ = ("_holder",)
-
-    def __init__(self, holder: dict[str, Any]) -> None:
-        self._holder = holder
-
-    def __getitem__(self, field: str) -> str:
-        return dump_json(self._holder[field])
-
-    def __setitem__(self, field: str, text: str) -> None:
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            value = REDACTED
-        else:
-            if dump_json(value) != text:
-                value = REDACTED
-        self._holder[field] = value
+    return [(ArgumentsText(holder), field)] if value is not None else []
