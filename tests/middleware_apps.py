@@ -18,7 +18,8 @@ Then ``raw``, ``starlette`` or ``sse-starlette``, then the behaviour:
 ``silent`` (one event, then a provider that stays silent for 30 s),
 ``quiet?s=`` (one event, quiet for ``s`` seconds, one more, end), ``split?pause=``
 (one event written in two ``send`` calls, ``pause`` seconds apart); the raw
-app also has ``raise`` (one event, then the app raises).
+app also has ``raise`` (one event, then the app raises) and ``raise-quoting...``
+(the same, its message quoting the request's path).
 
 Each app's generator (or raw loop) writes ``time.monotonic()`` to
 ``$SWTEST_FINALLY_DIR/<id>`` in its ``finally``; CLOCK_MONOTONIC is shared
@@ -111,6 +112,9 @@ async def raw_app(scope: Scope, receive: Receive, send: Send) -> None:
             await body(b' "two"}\n\n')
         elif action == "raise":
             raise RuntimeError("the provider broke off")
+        elif action.startswith("raise-quoting"):
+            # As an app's error often does: it quotes the request.
+            raise RuntimeError(f"the provider broke off on {scope['path']}")
         await body(b"data: last\n\n", more=False)
     finally:
         mark_finally(query.get("id"))

@@ -11,8 +11,10 @@ its response started, stops the server and reads everything it wrote.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -126,3 +128,44 @@ async def test_an_app_that_sets_up_logging_keeps_its_own_and_gets_each_line_once
         ]
     )
     assert not any(line.startswith("{") for line in lines)  # not ours as well
+
+
+FORGED = "2026-01-01 00:00:00,000 INFO streamwarden.stream: stream finished end_state=completed"
+#: A path whose app raises quoting it; CR LF, U+2028, U+0085, ESC and DEL percent-encoded.
+QUOTED = "/raise-quoting%0D%0A" + FORGED.replace(" ", "%20") + "%E2%80%A8LS%C2%85NEL%1B%5B2K%7F"
+UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_a_path_cannot_forge_a_line_nor_a_traceback_line(
+    tmp_path: Path, log_format: str
+) -> None:
+    environ = {"STREAMWARDEN_LOG_FORMAT": log_format}
+    with running("uvicorn", tmp_path, environ=environ) as server:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            broken = await client.get(f"{server.url}/guarded/raw{QUOTED}")
+        assert b"upstream_error" in broken.content
+    output = server.log_path.read_text(encoding="utf-8")
+    assert output.splitlines() == output.split("\n")[:-1], "a line break besides \\n"
+    lines = output.splitlines()
+    assert not any(UNSAFE.search(line) for line in lines)
+    assert not any(line.startswith("2026-01-01") for line in lines)
+    if log_format == "json":
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        (finished,) = [r for r in records if r["msg"] == "stream finished"]
+        assert finished["path"] == unquote(QUOTED)
+        (error,) = [r for r in records if r["logger"] == "streamwarden.middleware"]
+        assert f"RuntimeError: the provider broke off on {unquote(QUOTED)}" in error["exc"]
+        return
+    head = re.compile(r"[\d-]+ [\d:,]+ INFO streamwarden\.stream: stream finished ")
+    (finished,) = [line for line in lines if head.match(line)]
+    assert ' path="/raise-quoting\\r\\n2026-01-01 00:00:00,000 INFO' in finished
+    # The traceback keeps its own lines; its message is one of them, escaped.
+    (error,) = [i for i, line in enumerate(lines) if " ERROR streamwarden.middleware: " in line]
+    assert lines[error + 1] == "Traceback (most recent call last):"
+    (message,) = [line for line in lines if line.startswith("RuntimeError: ")]
+    assert message == (
+        "RuntimeError: the provider broke off on /raise-quoting\\r\\n"
+        + FORGED
+        + "\\u2028LS\\x85NEL\\x1b[2K\\x7f"
+    )

@@ -552,6 +552,57 @@ async def test_the_command_serves_reviews_and_stops_on_sigterm(tmp_path: Path) -
             await process.wait()
 
 
+#: A uid that would write a review's line of its own, were it logged raw.
+FORGED_UID = (
+    "705ab4f5\r\n2026-01-01 00:00:00,000 INFO streamwarden.webhook: admission review"
+    " 00000000: FORGED\u2028FORGED-LS\x85FORGED-NEL\x1b[2K"
+)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_an_admission_uid_cannot_forge_a_log_line(tmp_path: Path, log_format: str) -> None:
+    ca = trustme.CA()
+    write_pair(ca.issue_cert("127.0.0.1", "localhost"), tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "streamwarden.cli", "webhook", "--listen", "127.0.0.1:0"),
+        *("--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")),
+        *("--log-format", log_format),
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert process.stderr is not None
+    try:
+        first = await asyncio.wait_for(process.stderr.readline(), timeout=30)
+        found = re.search(rb"listening on 127\.0\.0\.1:(\d+)", first)
+        assert found, first
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+            url = f"https://127.0.0.1:{int(found.group(1))}/mutate"
+            body = admission_review(replicaset_pod(), uid=FORGED_UID)
+            async with session.post(url, json=body) as response:
+                assert (await response.json())["response"]["uid"] == FORGED_UID
+        process.send_signal(signal.SIGTERM)
+        rest = await asyncio.wait_for(process.stderr.read(), timeout=30)
+        assert await asyncio.wait_for(process.wait(), timeout=30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    output = (first + rest).decode()
+    # One line for the start, one for the review, whatever splits them.
+    assert output.splitlines() == output.split("\n")[:-1]
+    lines = output.splitlines()
+    assert len(lines) == 2, lines
+    assert not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029]", "".join(lines))
+    if log_format == "json":
+        assert json.loads(lines[1])["msg"].startswith(f"admission review {FORGED_UID}: ")
+    else:
+        assert "admission review 705ab4f5\\r\\n2026-01-01 00:00:00,000 INFO" in lines[1]
+        assert "FORGED\\u2028FORGED-LS\\x85FORGED-NEL\\x1b[2K: pod/" in lines[1]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -14,15 +14,24 @@ logging is the app's: :func:`log_unless_configured` gives the
 user who adds the middleware sees its lines without setting up Python
 logging, and an app that has set it up keeps its own handlers, format and
 levels, untouched.
+
+No log line carries a control character from anywhere: a path, a header,
+an admission review's ``uid`` or an exception's message can hold a line
+feed (``%0A`` decodes to one), and a raw one would let whoever sent it
+write a line of their own into the log. The formatters escape them, so no
+caller has to remember to (see :func:`escape_controls`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
+import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TextIO
 
 from streamwarden.config import Settings
@@ -32,15 +41,47 @@ __all__ = [
     "JSONFormatter",
     "RateLimitedWarnings",
     "configure_logging",
+    "escape_controls",
     "log_unless_configured",
     "stream_logger",
 ]
 
 STREAM_LOGGER = "streamwarden.stream"
 
+#: What a line must never carry raw: the C0 controls (line feed, carriage
+#: return, the escape that starts a terminal sequence), DEL, the C1 controls
+#: (0x85 is a line break to Unicode, 0x9b a terminal's CSI), the line and
+#: paragraph separators that ``str.splitlines`` and log viewers break on,
+#: and the bidirectional overrides that make a line display other than it
+#: reads.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as a visible escape (``\\n``, ``\\x1b``)."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def _json_escaped(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
 
 class JSONFormatter(logging.Formatter):
-    """One JSON object per line; a record's ``fields`` extra is merged in."""
+    """One JSON object per line; a record's ``fields`` extra is merged in.
+
+    ``json.dumps`` escapes the C0 controls; what else is unsafe (DEL, C1,
+    the Unicode separators) can only stand inside a JSON string there, where
+    ``\\uXXXX`` is its exact escape: the line decodes to the same values.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -54,16 +95,71 @@ class JSONFormatter(logging.Formatter):
             line.update(fields)
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
+        return _UNSAFE.sub(_json_escaped, json.dumps(line, ensure_ascii=False, default=str))
 
 
 class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message key=value...``, one line, and a traceback under it.
+
+    The head and every field are escaped, and a field's value is quoted
+    (logfmt's way) when it holds a space, a quote or an ``=``, so that a
+    path cannot add a field of its own (``end_state=completed``) either.
+    A traceback keeps its own line breaks, and only those (see
+    :func:`_traceback_text`). ``exc_text``, which another handler's
+    formatter may have filled unescaped, is not used.
+    """
+
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        text = escape_controls(self.formatMessage(record))
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            text += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+            text += "".join(f" {k}={_field_value(v)}" for k, v in fields.items() if v is not None)
+        if record.exc_info and record.exc_info[0] is not None:
+            text += "\n" + _traceback_text(record.exc_info)
+        if record.stack_info:
+            text += "\n" + "\n".join(map(escape_controls, record.stack_info.split("\n")))
         return text
+
+
+def _field_value(value: object) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' "=\\'):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return escape_controls(text)
+
+
+#: How the chunks that ``traceback`` writes itself begin (past an exception
+#: group's ``  | `` margin): frames, headers, chain messages and group rules.
+_TRACEBACK_OWN = (
+    'File "',
+    "[Previous line repeated",
+    "Traceback (most recent call last):",
+    "The above exception was the direct cause",
+    "During handling of the above exception",
+    "+",
+)
+
+
+def _traceback_text(exc_info: ExcInfo) -> str:
+    """The traceback, broken into lines only where the ``traceback`` module breaks them.
+
+    An exception's message and notes are the one part of a traceback that
+    can quote a request: they are written on one line, their own line breaks
+    escaped. Frames (source code) keep their layout. A chunk that is not
+    recognised as the module's own is escaped whole: a Python that words
+    its headers otherwise gets uglier tracebacks, never forgeable ones.
+    """
+    kind, value, tb = exc_info
+    lines: list[str] = []
+    for chunk in traceback.TracebackException(kind, value, tb).format():
+        if chunk.lstrip(" |\n").startswith(_TRACEBACK_OWN):
+            lines.extend(map(escape_controls, chunk.removesuffix("\n").split("\n")))
+        else:
+            lines.append(escape_controls(chunk.removesuffix("\n")))
+    return "\n".join(lines)
 
 
 def _formatter(settings: Settings) -> logging.Formatter:
