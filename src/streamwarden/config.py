@@ -95,6 +95,7 @@ SIDECAR_ONLY = frozenset(
         "max_header_bytes",
         "max_headers",
         "request_header_timeout",
+        "max_client_connections",
         "drain_timeout",
         "event_loop",
         "trusted_proxies",
@@ -451,6 +452,12 @@ class Settings(BaseModel):
     request_header_timeout: Duration = 10.0
     #: Streams open at once before new ones get 503 (0: unlimited).
     max_concurrent_streams: int = Field(default=0, ge=0)
+    #: Client connections open at once on the proxy port, idle ones included;
+    #: past it a new one is answered 503 and closed at once, so that the
+    #: admin port and the upstreams always have descriptors. 0: as many as
+    #: the open-files limit fits, two descriptors each (a client and its
+    #: upstream) after a reserve (sidecar).
+    max_client_connections: int = Field(default=0, ge=0)
     #: Grace period for streams in flight on SIGTERM.
     drain_timeout: Duration = 25.0
     #: The stream's wire format, or ``auto`` to detect it.

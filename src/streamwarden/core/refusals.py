@@ -51,6 +51,9 @@ class RefusalKind(Enum):
     TOO_MANY_STREAMS = Refusal(
         503, "too_many_streams", "{limit} streams are open", (("Retry-After", "1"),)
     )
+    TOO_MANY_CONNECTIONS = Refusal(
+        503, "too_many_connections", "{limit} client connections are open", (("Retry-After", "1"),)
+    )
     UPSTREAM_UNREACHABLE = Refusal(502, "upstream_unreachable", "the upstream could not be reached")
     UPSTREAM_TIMEOUT = Refusal(504, "upstream_timeout", "the upstream did not answer in time")
     WEBSOCKET_REFUSED = Refusal(502, "upstream_refused", "websocket handshake refused")

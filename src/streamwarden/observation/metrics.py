@@ -177,8 +177,20 @@ class StreamMetrics:
 
         self.refused = Counter(
             "streamwarden_refused_connections",
-            "Client connections the proxy answered or cut itself (slow or malformed heads).",
+            "Client connections the proxy answered or cut itself (slow or malformed heads,"
+            " too_many_connections past max_client_connections).",
             ["reason"],
+            registry=r,
+        )
+        self.client_connections = Gauge(
+            "streamwarden_client_connections",
+            "Client connections open on the proxy port, idle ones included (sidecar).",
+            registry=r,
+        )
+        self.client_connections_limit = Gauge(
+            "streamwarden_client_connections_limit",
+            "max_client_connections as it applies: set, or derived from the open-files limit"
+            " (sidecar).",
             registry=r,
         )
         self.websockets = Counter(
@@ -287,6 +299,11 @@ class StreamMetrics:
         self.websockets.labels(end).inc()
         if end != "refused":
             self.active_websockets.dec()
+
+    def watch_client_connections(self, open_now: Callable[[], int], limit: int) -> None:
+        """The proxy port's open client connections, read at each scrape, and their limit."""
+        self.client_connections.set_function(lambda: float(open_now()))
+        self.client_connections_limit.set(limit)
 
     def connection_refused(self, reason: str) -> None:
         self.refused.labels(reason).inc()

@@ -10,7 +10,12 @@ clients and operators better:
 - a client that trickles its request headers (slowloris) is cut with a 408
   after ``request_header_timeout``, so it cannot hold a connection and its
   memory forever. Bodies are not affected: a slow upload is the upstream's
-  to judge, and it streams through.
+  to judge, and it streams through;
+- past ``max_client_connections`` open connections, a new one is answered
+  503 and closed the moment it is accepted, before a byte of it is parsed:
+  a flood of idle connections must not take the descriptors that the admin
+  port, the upstreams and the clients already served need (see
+  :mod:`streamwarden.sidecar.descriptors`).
 
 What the stream driver needs from each client connection, and aiohttp does
 not expose, is :class:`ClientChannel`: a callback the moment the client
@@ -35,7 +40,8 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Any
+from http import HTTPStatus
+from typing import Any, cast
 
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.base_protocol import BaseProtocol
@@ -50,6 +56,7 @@ from streamwarden.sidecar.channel import ClientChannel
 __all__ = [
     "CLIENT_GONE",
     "ClientChannel",
+    "ClientConnections",
     "GuardedServer",
     "client_channel",
     "refuse",
@@ -98,8 +105,22 @@ def travel_light(request: web.BaseRequest) -> None:
         reader._buffer = _ShortDeque()  # type: ignore[assignment]
 
 
+class ClientConnections:
+    """The proxy port's open client connections, and ``max_client_connections``."""
+
+    __slots__ = ("limit", "open", "refusal")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        #: The whole answer to a connection past the limit, written as it is accepted.
+        self.refusal = _raw_response(RefusalKind.TOO_MANY_CONNECTIONS, limit=limit)
+
+
 class _GuardedRequestHandler(RequestHandler):
     __slots__ = (
+        "_connections",
+        "_counted",
         "_header_deadline",
         "_header_timer",
         "_on_refused",
@@ -114,10 +135,14 @@ class _GuardedRequestHandler(RequestHandler):
         header_deadline: float,
         on_refused: RefusalCounter | None,
         warnings: RateLimitedWarnings,
+        connections: ClientConnections,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._messages = _ShortDeque()  # type: ignore[assignment]
+        self._connections = connections
+        #: Whether this connection holds one of ``connections``' places.
+        self._counted = False
         self._on_refused = on_refused
         self._warnings = warnings
         self._header_deadline = header_deadline
@@ -133,8 +158,27 @@ class _GuardedRequestHandler(RequestHandler):
         super().eof_received()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        connections = self._connections
+        if connections.open >= connections.limit:
+            self._refuse_connection(transport)
+            return
+        connections.open += 1
+        self._counted = True
         super().connection_made(transport)
         self._arm()
+
+    def _refuse_connection(self, transport: asyncio.BaseTransport) -> None:
+        """Answer 503 and close, never handing the connection to aiohttp (nothing is read)."""
+        self._refused("too_many_connections")
+        self._warnings.warn(
+            "too_many_connections",
+            "max_client_connections (%d) reached: new client connections get 503 and are closed",
+            self._connections.limit,
+        )
+        # A stream transport (uvloop's is one without subclassing asyncio's).
+        writable = cast(asyncio.Transport, transport)
+        writable.write(self._connections.refusal)
+        writable.close()
 
     def data_received(self, data: bytes) -> None:
         before = self._request_count
@@ -145,6 +189,10 @@ class _GuardedRequestHandler(RequestHandler):
             self._arm()  # the start of a new request on a kept-alive connection
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._counted:
+            return  # refused: aiohttp never had it
+        self._counted = False
+        self._connections.open -= 1
         self._disarm()
         self._client_gone()
         super().connection_lost(exc)
@@ -263,11 +311,14 @@ class GuardedServer(web.Server):
         handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
         *,
         header_deadline: float,
+        connections: ClientConnections,
         on_refused: RefusalCounter | None = None,
         warnings: RateLimitedWarnings | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
+        #: Not aiohttp's ``connections`` (its list of handlers): the count and its limit.
+        self.client_connections = connections
         self._header_deadline = header_deadline
         self._on_refused = on_refused
         self._warnings = warnings or _SHARED_WARNINGS
@@ -279,6 +330,7 @@ class GuardedServer(web.Server):
             header_deadline=self._header_deadline,
             on_refused=self._on_refused,
             warnings=self._warnings,
+            connections=self.client_connections,
             **self._kwargs,
         )
 
@@ -317,6 +369,20 @@ def _check_aiohttp() -> None:
 
 
 _check_aiohttp()
+
+
+def _raw_response(kind: RefusalKind, **values: object) -> bytes:
+    """A refusal's whole HTTP/1.1 response, for a connection no request was read from."""
+    refusal = kind.refusal
+    body = refusal.body(**values)
+    head = [
+        f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(f"{name}: {value}" for name, value in refusal.headers),
+        "Connection: close",
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
 def refuse(kind: RefusalKind, **values: object) -> web.Response:

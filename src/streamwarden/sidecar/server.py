@@ -30,7 +30,13 @@ from streamwarden.features.engine.watch import EngineWatch
 from streamwarden.observation.live import recent_endings, stream_view
 from streamwarden.observation.logs import RateLimitedWarnings
 from streamwarden.observation.metrics import CONTENT_TYPE_LATEST, StreamMetrics
-from streamwarden.sidecar.http import GuardedServer
+from streamwarden.sidecar.descriptors import (
+    PROXY_BACKLOG,
+    client_connection_budget,
+    open_files_limit,
+    raise_open_files_limit,
+)
+from streamwarden.sidecar.http import ClientConnections, GuardedServer
 from streamwarden.sidecar.proxy import Proxy
 from streamwarden.sidecar.streams import StreamTracker
 
@@ -73,6 +79,8 @@ class Sidecar:
         self._proxy_runner: web.BaseRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._proxy_site: web.TCPSite | None = None
+        #: The proxy port's open client connections (after :meth:`start`).
+        self.client_connections = ClientConnections(0)
         self.proxy_port = 0
         self.admin_port = 0
 
@@ -117,6 +125,9 @@ class Sidecar:
         self.admin_port = _bound_port(self._admin_runner)
 
         settings = self.settings
+        connections = ClientConnections(self._client_connection_limit())
+        self.client_connections = connections
+        self.metrics.watch_client_connections(lambda: connections.open, connections.limit)
         proxy_server = GuardedServer(
             self.proxy.handler,
             handler_cancellation=True,
@@ -125,15 +136,34 @@ class Sidecar:
             max_field_size=settings.max_header_bytes,
             max_headers=settings.max_headers,
             header_deadline=settings.request_header_timeout,
+            connections=connections,
             on_refused=self.metrics.connection_refused,
             warnings=RateLimitedWarnings(),
         )
         self._proxy_runner = web.ServerRunner(proxy_server, shutdown_timeout=_FINAL_WRITE_GRACE)
         await self._proxy_runner.setup()
         host, port = _split(self.settings.listen)
-        self._proxy_site = web.TCPSite(self._proxy_runner, host, port, reuse_address=True)
+        self._proxy_site = web.TCPSite(
+            self._proxy_runner, host, port, reuse_address=True, backlog=PROXY_BACKLOG
+        )
         await self._proxy_site.start()
         self.proxy_port = _bound_port(self._proxy_runner)
+
+    def _client_connection_limit(self) -> int:
+        """``max_client_connections``, or what the open-files limit fits (a warning if less)."""
+        settings = self.settings
+        fits = client_connection_budget(open_files_limit(), settings.upstream_pool_size)
+        if settings.max_client_connections == 0:
+            return fits
+        if settings.max_client_connections > fits:
+            log.warning(
+                "max_client_connections %d is more than the open-files limit %d fits (%d):"
+                " past that, the admin port and new upstream connections can fail",
+                settings.max_client_connections,
+                open_files_limit(),
+                fits,
+            )
+        return settings.max_client_connections
 
     async def drain(self) -> None:
         """Stop taking connections, let streams finish, then end the rest honestly."""
@@ -249,6 +279,8 @@ async def run_sidecar(settings: Settings) -> int:
     # restart (drained) is the honest way to apply a new one.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
+    # The process's, so here and not in Sidecar (which tests run in their own).
+    open_files = raise_open_files_limit()
     await sidecar.start()
     log.info(
         "streamwarden listening on %s (admin %s), upstream %s, event loop %s",
@@ -256,6 +288,11 @@ async def run_sidecar(settings: Settings) -> int:
         settings.admin_listen,
         redact_url(settings.upstream or ""),
         type(loop).__module__.partition(".")[0],  # asyncio or uvloop
+    )
+    log.info(
+        "streamwarden takes at most %d client connections (open-files limit %d)",
+        sidecar.client_connections.limit,
+        open_files,
     )
     log.info("streamwarden runs %s", native_summary())
     await stop.wait()
