@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import httpx
 import pytest
 from fastapi import FastAPI
 from starlette.responses import StreamingResponse
@@ -181,5 +182,39 @@ async def test_a_resume_takes_one_of_max_concurrent_streams() -> None:
                 json={"stream": True},
             ) as again:
                 assert again.status == 200 and again.headers[STREAM_ID_HEADER] == stream_id
+                rest = await read_events(again)
+    assert text_of(first + rest) == "".join(mock_tokens(TOKENS))
+
+
+@pytest.mark.parametrize(
+    ("by", "seq"),
+    [("header", "\u00b2"), ("header", "\u00b9"), ("query", "\u00b2"), ("query", "\u0663")],
+    ids=ascii,
+)
+async def test_a_position_that_is_not_ascii_digits_is_an_unknown_stream_never_a_500(
+    by: str, seq: str
+) -> None:
+    model = Model(pace=0.02)
+    async with served(model, on_client_gone="detach", resume_window="5s") as (url, _):
+        stream_id, first = await cut(url, 3)
+        asked = f"{stream_id}.{seq}"
+        async with httpx.AsyncClient() as client:
+            if by == "header":
+                # One byte each: ASGI servers hand header bytes on, read as latin-1.
+                sent = {**KEY, "Last-Event-ID": asked.encode("latin-1")}
+                response = await client.post(url + CHAT, headers=sent, json={})
+            else:
+                query = {"last_event_id": asked}
+                response = await client.post(url + CHAT, params=query, headers=KEY, json={})
+        assert response.status_code == 200
+        assert b"resume_expired" in response.content
+        assert model.generations == 1  # a resume: never reached the app
+        # The stream itself is untouched: its owner resumes it.
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                url + CHAT,
+                headers={**KEY, "Last-Event-ID": first[-1].id or ""},
+                json={"stream": True},
+            ) as again:
                 rest = await read_events(again)
     assert text_of(first + rest) == "".join(mock_tokens(TOKENS))

@@ -397,3 +397,34 @@ async def test_a_stream_closed_for_want_of_a_resume_tells_a_late_resume_so(
     # The events it missed, then an error it raises on: never a cut answer as if whole.
     assert rest and "resume_expired" in rest[-1].data and "resume_window" in rest[-1].data
     assert all(e.id.startswith(stream_id) for e in rest if e.id)
+
+
+#: Positions with digits of other scripts (``int`` and ``str.isdigit`` take
+#: them), too many digits, or foreign letters: each names no stream of ours.
+HOSTILE_SEQS = ["\u00b2", "\u0663", "\uff11", "1" * 19, "+1", "1_0"]
+
+
+@pytest.mark.parametrize("seq", HOSTILE_SEQS, ids=ascii)
+@pytest.mark.parametrize("by", ["header", "query"])
+async def test_a_position_that_is_not_ascii_digits_is_an_unknown_stream_never_a_500(
+    mock: MockServer, resumable: Sidecar, seq: str, by: str
+) -> None:
+    stream_id, first = await cut_after(resumable.proxy_url, "hostile-id", 3)
+    asked = f"{stream_id}.{seq}"
+    async with httpx.AsyncClient() as client:
+        # As UTF-8: the bytes a client's library sends for such a string.
+        if by == "header":
+            sent = {**KEY, "Last-Event-ID": asked.encode()}
+            response = await client.post(resumable.proxy_url + CHAT, headers=sent, json={})
+        else:
+            response = await client.post(
+                resumable.proxy_url + CHAT, params={"last_event_id": asked}, headers=KEY, json={}
+            )
+    assert response.status_code == 200
+    assert b"resume_expired" in response.content
+    assert len(mock.stats.records) == 1  # a resume: never forwarded
+    metrics = resumable.metrics.render().decode()
+    assert 'streamwarden_resumes_total{result="expired"} 1.0' in metrics
+    # The stream itself is untouched: its owner resumes it.
+    _, _, rest, _ = await resume(resumable.proxy_url, first[-1].id or "")
+    assert text_of(first + rest) == mock_text(TOKENS)

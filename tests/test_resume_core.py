@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,6 +13,7 @@ from streamwarden.features.resume.model import (
     Position,
     new_stream_id,
     owner_digest,
+    parse_stream_id,
     resume_position,
     stamp,
 )
@@ -61,6 +64,30 @@ def test_positions_are_the_ids_the_sidecar_writes_and_nothing_else() -> None:
     assert resume_position("", "") is None and resume_position("  ", "") is None
     for foreign in ("chatcmpl-1", f"{stream_id}", f"{stream_id}.x", "../..", f"{stream_id}.-1"):
         assert resume_position(foreign, "") == foreign  # a resume, of an unknown stream
+
+
+# Digits of other scripts and forms int() and str.isdigit() take, and what
+# only a lenient parser would: each is a resume of an unknown stream.
+NOT_ASCII_DIGITS = ["\u00b2", "\u0663", "\uff11", "1\u00b9", "\U0001d7d9"]
+LENIENT = ["+1", " 1", "1_0", "0x1", "1.0", "1e3", "1" * 19, "", "1\n"]
+
+
+def test_a_position_holds_ascii_digits_only_and_a_bounded_count_of_them() -> None:
+    stream_id = new_stream_id()
+    assert resume_position(f"{stream_id}.{'9' * 18}", "") == Position(stream_id, 10**18 - 1)
+    assert resume_position(f" {stream_id}.7\t", "") == Position(stream_id, 7)  # HTTP's blanks
+    for seq in NOT_ASCII_DIGITS + LENIENT:
+        asked = f"{stream_id}.{seq}"
+        assert resume_position(asked, "") == asked, seq
+        query = urlencode({"last_event_id": asked})
+        assert resume_position(None, query) == asked, seq
+    for foreign_id in (stream_id.upper(), "\u0660" * 32, stream_id[:31] + "\u212a"):
+        assert resume_position(f"{foreign_id}.1", "") == f"{foreign_id}.1"
+    huge = f"{stream_id}." + "1" * 100_000
+    assert resume_position(huge, "") == huge  # answered as unknown, not parsed
+    assert parse_stream_id(f" {stream_id.upper()} ") == stream_id
+    for foreign_id in ("\u0660" * 32, stream_id[:31] + "\u212a", stream_id + "0", ""):
+        assert parse_stream_id(foreign_id) is None
 
 
 def test_the_owner_is_the_credentials_keyed_by_the_stream() -> None:

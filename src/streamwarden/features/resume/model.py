@@ -47,6 +47,7 @@ __all__ = [
     "StoredStream",
     "new_stream_id",
     "owner_digest",
+    "parse_stream_id",
     "resume_position",
     "stamp",
     "strip_ids",
@@ -57,7 +58,16 @@ STREAM_ID_HEADER = "Streamwarden-Stream-Id"
 #: Request headers whose values make the owner of a stream (besides configured ones).
 OWNER_HEADERS = ("authorization", "x-api-key", "api-key", "cookie")
 
-_STREAM_ID = re.compile(r"^[0-9a-f]{32}$")
+#: A stream id as :func:`new_stream_id` writes it. ASCII only, as the position:
+#: ``str.isdigit`` and ``int`` also take other scripts' digits (``²``, ``٣``).
+_STREAM_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
+#: A position, ``<stream id>.<seq>``: at most 18 digits, so the sequence
+#: number fits a Redis Stream entry id (and any int64) whatever a client sends.
+_POSITION = re.compile(r"([0-9a-f]{32})\.([0-9]{1,18})", re.ASCII)
+#: The longest value read as a position (a stream id, a dot, 18 digits).
+MAX_POSITION_CHARS = 32 + 1 + 18
+#: What is trimmed around an id: the ASCII blanks HTTP allows, never other scripts' spaces.
+_BLANKS = " \t"
 
 
 class ResumeResult(StrEnum):
@@ -88,11 +98,27 @@ class Position:
 
 
 def parse_position(value: str) -> Position | None:
-    """``<stream id>.<seq>`` as the sidecar wrote it, or ``None`` for anything else."""
-    stream_id, dot, seq = value.strip().partition(".")
-    if not dot or not _STREAM_ID.match(stream_id) or not seq.isdigit() or len(seq) > 18:
+    """``<stream id>.<seq>`` as the sidecar wrote it, or ``None`` for anything else.
+
+    Strict: ASCII hex and digits only, bounded, so that a hostile id is an
+    unknown stream (``resume_expired``), never an error of ours.
+    """
+    value = value.strip(_BLANKS)
+    if len(value) > MAX_POSITION_CHARS:
         return None
-    return Position(stream_id, int(seq))
+    matched = _POSITION.fullmatch(value)
+    if matched is None:
+        return None
+    return Position(matched[1], int(matched[2]))
+
+
+def parse_stream_id(value: str) -> str | None:
+    """A stream id as :func:`new_stream_id` writes it (any case), or ``None``."""
+    value = value.strip(_BLANKS)
+    if not value.isascii():  # before lower(): letters of other scripts lower to ASCII (K to k)
+        return None
+    value = value.lower()
+    return value if _STREAM_ID.fullmatch(value) else None
 
 
 def resume_position(last_event_id: str | None, query_string: str) -> Position | str | None:
@@ -109,7 +135,7 @@ def resume_position(last_event_id: str | None, query_string: str) -> Position | 
             if name == "last_event_id":
                 asked = value
                 break
-    if not asked or not asked.strip():
+    if not asked or not asked.strip(_BLANKS):
         return None
     return parse_position(asked) or asked
 

@@ -42,6 +42,7 @@ from streamwarden.features.resume.model import (
     ResumeResult,
     new_stream_id,
     owner_digest,
+    parse_stream_id,
     resume_position,
     same_owner,
 )
@@ -218,7 +219,7 @@ class ResumeService:
         stream_id = asked.stream_id if isinstance(asked, Position) else None
         if stream_id is None:
             named = [v for n, v in pairs if n.lower() == STREAM_ID_HEADER.lower()]
-            stream_id = named[0].strip().lower() if named else None
+            stream_id = parse_stream_id(named[0]) if named else None
         if not stream_id:
             return False
         local = self._local.get(stream_id)
