@@ -159,6 +159,7 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "resume_max_bytes",
         "resume_max_total_bytes",
         "resume_owner_headers",
+        "resume_owner_query_params",
         "resume_secret",
         # tests/test_telemetry.py: spans and GenAI metrics from both faces.
         "otel_exporter",

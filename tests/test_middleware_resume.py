@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from starlette.responses import StreamingResponse
 
 from middleware_apps import serve_in_process
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.tools.mock.tokens import mock_tokens
@@ -218,3 +219,45 @@ async def test_a_position_that_is_not_ascii_digits_is_an_unknown_stream_never_a_
             ) as again:
                 rest = await read_events(again)
     assert text_of(first + rest) == "".join(mock_tokens(TOKENS))
+
+
+@pytest.mark.parametrize("where", ["header", "query"])
+async def test_a_stream_resumes_only_with_the_gemini_key_it_was_asked_with(where: str) -> None:
+    def keyed(key: str) -> tuple[dict[str, str], str]:
+        if where == "header":
+            return {"x-goog-api-key": key}, ""  # google-genai
+        return {}, f"?key={key}"  # Google's REST examples, older SDKs
+
+    model = Model(pace=0.02)
+    async with served(model, on_client_gone="detach", resume_window="5s") as (url, mw):
+        headers, query = keyed("AIza-owner")
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                url + CHAT + query, headers=headers, json={"stream": True}
+            ) as response:
+                stream_id = response.headers[STREAM_ID_HEADER]
+                first = await read_events(response, until=lambda got: len(got) >= 3)
+                response.close()
+
+            async def resume_with(key: str, position: str) -> bytes:
+                headers, query = keyed(key)
+                async with session.post(
+                    url + CHAT + query,
+                    headers={**headers, "Last-Event-ID": position},
+                    json={"stream": True},
+                ) as again:
+                    return await again.read()
+
+            position = first[-1].id or ""
+            stranger = await resume_with("AIza-stranger", position)
+            unknown = await resume_with("AIza-owner", "0" * 32 + ".3")
+            assert stranger == unknown and b"resume_expired" in stranger
+            owner = await resume_with("AIza-owner", position)
+        assert mw.metrics is not None
+        metrics = mw.metrics.render().decode()
+    assert 'streamwarden_resumes_total{result="denied"} 1.0' in metrics
+    decoder = SSEDecoder()
+    rest = decoder.feed(owner) + decoder.close()
+    assert all(event.id and event.id.startswith(stream_id) for event in rest)
+    assert text_of(first + rest) == "".join(mock_tokens(TOKENS))
+    assert model.generations == 1

@@ -9,6 +9,7 @@ events it missed, then the rest live, from the one generation.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -428,3 +429,64 @@ async def test_a_position_that_is_not_ascii_digits_is_an_unknown_stream_never_a_
     # The stream itself is untouched: its owner resumes it.
     _, _, rest, _ = await resume(resumable.proxy_url, first[-1].id or "")
     assert text_of(first + rest) == mock_text(TOKENS)
+
+
+GEMINI = "/v1beta/models/m:streamGenerateContent"
+
+
+def gemini_text(events: list[Event]) -> str:
+    import json
+
+    text = ""
+    for event in events:
+        for candidate in json.loads(event.data).get("candidates", []):
+            text += "".join(part.get("text", "") for part in candidate["content"]["parts"])
+    return text
+
+
+@contextlib.asynccontextmanager
+async def gemini_post(
+    url: str, key: str, where: str, *, last_event_id: str | None = None
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """A Gemini request carrying its key where Google's clients put it."""
+    headers = {"x-mock-tps": "100", "x-mock-ttft": "0", "x-mock-tokens": str(TOKENS)}
+    target = f"{url}{GEMINI}?alt=sse"
+    if where == "header":
+        headers["x-goog-api-key"] = key  # google-genai
+    else:
+        target += f"&key={key}"  # Google's REST examples, older SDKs
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = last_event_id
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(target, headers=headers, json=body) as response:
+            yield response
+
+
+async def gemini_resume(url: str, key: str, where: str, position: str) -> bytes:
+    async with gemini_post(url, key, where, last_event_id=position) as response:
+        return await response.read()
+
+
+@pytest.mark.parametrize("where", ["header", "query"])
+async def test_a_gemini_stream_resumes_only_with_the_key_it_was_asked_with(
+    mock: MockServer, resumable: Sidecar, where: str
+) -> None:
+    async with gemini_post(resumable.proxy_url, "AIza-owner", where) as response:
+        stream_id = response.headers[STREAM_ID_HEADER]
+        first = await read_events(response, until=lambda got: len(got) >= 3)
+        response.close()  # the connection drops mid-answer
+    position = first[-1].id or ""
+    assert position.startswith(stream_id)
+    # Another key: told exactly what a stream that never existed is told.
+    stranger = await gemini_resume(resumable.proxy_url, "AIza-stranger", where, position)
+    unknown = await gemini_resume(resumable.proxy_url, "AIza-owner", where, "0" * 32 + ".3")
+    assert stranger == unknown and b"resume_expired" in stranger
+    metrics = resumable.metrics.render().decode()
+    assert 'streamwarden_resumes_total{result="denied"} 1.0' in metrics
+    # The owner's key resumes it: the one generation, each event once.
+    owner = await gemini_resume(resumable.proxy_url, "AIza-owner", where, position)
+    decoder = SSEDecoder()
+    rest = decoder.feed(owner) + decoder.close()
+    assert gemini_text(first + rest) == mock_text(TOKENS)
+    assert len(mock.stats.records) == 1

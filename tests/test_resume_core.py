@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.features.resume.model import (
     MemoryStore,
+    OwnerNames,
     Position,
     new_stream_id,
     owner_digest,
@@ -98,7 +99,43 @@ def test_the_owner_is_the_credentials_keyed_by_the_stream() -> None:
     assert owner_digest(one, "s1") != owner_digest([*one, ("Cookie", "a=b")], "s1")
     tenant = [("X-Tenant", "acme")]
     assert owner_digest(tenant, "s") == owner_digest([], "s")  # not a credential by default
-    assert owner_digest(tenant, "s", ["x-tenant"]) != owner_digest([], "s", ["x-tenant"])
+    configured = OwnerNames.of(["X-Tenant"])
+    assert owner_digest(tenant, "s", configured) != owner_digest([], "s", configured)
+
+
+# Where each dialect's clients put their credential.
+CREDENTIAL_HEADERS = ["Authorization", "Proxy-Authorization", "x-api-key", "api-key"]
+CREDENTIAL_HEADERS += ["x-goog-api-key", "Cookie"]
+
+
+def test_every_dialects_credential_makes_the_owner_in_headers_and_in_the_query() -> None:
+    for name in CREDENTIAL_HEADERS:
+        mine = owner_digest([(name, "k-1")], "s")
+        assert mine != owner_digest([(name, "k-2")], "s"), name
+        assert mine != owner_digest([], "s"), name
+        assert mine == owner_digest([(name.upper(), "k-1")], "s"), name
+    for param in ("key", "access_token", "api_key", "api-key"):
+        mine = owner_digest([], "s", query_string=f"alt=sse&{param}=k-1")
+        assert mine != owner_digest([], "s", query_string=f"alt=sse&{param}=k-2"), param
+        assert mine != owner_digest([], "s", query_string="alt=sse"), param
+        # Order, other parameters and the position do not change who asks.
+        again = f"last_event_id=x.1&{param.upper()}=k-1&alt=json"
+        assert mine == owner_digest([], "s", query_string=again), param
+    # Not a credential by default; one when configured.
+    plain = owner_digest([], "s", query_string="alt=sse")
+    assert owner_digest([], "s", query_string="alt=sse&token=t") == plain
+    configured = OwnerNames.of(extra_params=["token"])
+    tokened = owner_digest([], "s", configured, query_string="token=t")
+    assert tokened != owner_digest([], "s", configured, query_string="token=u")
+    # A value's bytes cannot pass for another credential: "=", "&" or NUL in it.
+    assert owner_digest([], "s", query_string="key=a%26api_key%3Db") != owner_digest(
+        [], "s", query_string="key=a&api_key=b"
+    )
+    assert owner_digest([], "s", query_string="key=a%00%3Fkey%3Db") != owner_digest(
+        [], "s", query_string="key=a&key=b"
+    )
+    # A header and a query parameter of the same name are two credentials.
+    assert owner_digest([("api-key", "a")], "s") != owner_digest([], "s", query_string="api-key=a")
 
 
 def test_a_resume_secret_keys_the_owner_digest_too() -> None:

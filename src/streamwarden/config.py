@@ -486,6 +486,9 @@ class Settings(BaseModel):
     #: More request headers, besides the built-in credential ones, whose
     #: values make the owner of a resumable stream.
     resume_owner_headers: tuple[str, ...] = ()
+    #: More query parameters, besides the built-in credential ones (Gemini's
+    #: ``key``...), whose values make the owner of a resumable stream.
+    resume_owner_query_params: tuple[str, ...] = ()
     #: A secret that keys each stream's owner digest (with its stream id), so
     #: that whoever can read or write the resume store cannot test guessed
     #: credentials against it nor forge an owner. Give it to every replica
@@ -776,6 +779,7 @@ def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             "stream_media_types",
             "redact_headers",
             "resume_owner_headers",
+            "resume_owner_query_params",
             "output_filters",
             "trusted_proxies",  # also "10.0.0.0/8, ::1", which YAML reads as that string
         ):

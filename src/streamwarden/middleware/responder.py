@@ -301,7 +301,6 @@ class StreamResponder:
         scope = self._scope
         path: str = scope.get("path") or "/"
         route = context.settings.for_path(path)
-        loop = self._loop
         if not await self._may_start(message, route, early):
             return
         self._status = int(message.get("status", 200))
@@ -316,8 +315,9 @@ class StreamResponder:
                 tuple(scope_headers(scope)),
                 headers,
                 self._started_at,
-                loop.time(),
+                self._loop.time(),
                 trace=self._trace,
+                query_string=scope.get("query_string", b"").decode("latin-1"),
             )
         )
         flow.stop_by(self._stop_by_owner)

@@ -72,7 +72,7 @@ async def answer_resume(
         asked is not None or any(n.lower() == STREAM_ID_HEADER.lower() for n, _ in headers)
     ):
         await service.ensure_started()
-        if await service.stop(headers, asked):
+        if await service.stop(headers, query, asked):
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
         else:
@@ -86,7 +86,7 @@ async def answer_resume(
         await send_refusal(send, RefusalKind.TOO_MANY_STREAMS, limit=limit)
         return True
     try:
-        await _serve(service, route, asked, headers, path, receive, send)
+        await _serve(service, route, asked, headers, query, path, receive, send)
     finally:
         slot.release()
     return True
@@ -97,13 +97,14 @@ async def _serve(
     route: ResolvedRoute,
     asked: Position | str,
     headers: list[tuple[str, str]],
+    query: str,
     path: str,
     receive: Receive,
     send: Send,
 ) -> None:
     await service.ensure_started()
     answer = _ASGIAnswer(send, route.client_write_timeout)
-    serving = asyncio.ensure_future(service.serve(asked, headers, path, route, answer))
+    serving = asyncio.ensure_future(service.serve(asked, headers, query, path, route, answer))
     left = False
 
     async def watch() -> None:

@@ -128,10 +128,12 @@ class Pipeline(Generic[S]):
             stage.opened(stream)
         for callback in self.on_open:
             callback(relay.meter)
-        # The request's headers (its credentials among them) were for the
-        # stages' opening (a resumable stream's owner), the response's for
+        # The request's headers and query (its credentials among them) were for
+        # the stages' opening (a resumable stream's owner), the response's for
         # the relay's framing: not kept for its life.
-        stream.start = replace(start, request_headers=(), response_headers=_NO_HEADERS)
+        stream.start = replace(
+            start, request_headers=(), response_headers=_NO_HEADERS, query_string=""
+        )
         return stream
 
     def finish(self, entry: S, stream: PipelineStream, now: float) -> StreamRecord:

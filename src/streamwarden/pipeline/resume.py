@@ -32,12 +32,14 @@ class ResumeJournal(Stage):
 
     def opened(self, stream: PipelineStream) -> None:
         relay, service, start = stream.relay, self._service, stream.start
-        journal = service.journal(start.request_headers, relay.dialect)
+        journal = service.journal(start.request_headers, start.query_string, relay.dialect)
         if journal is None:  # the store keeps no more streams now: a plain stream
             return
         relay.journal = journal
         stream.headers.append((STREAM_ID_HEADER, journal.stream_id))
-        service.running(journal, start.request_headers, stream.stop, relay.resumed)
+        service.running(
+            journal, start.request_headers, start.query_string, stream.stop, relay.resumed
+        )
         stream_id = journal.stream_id
 
         async def holds() -> float | None:

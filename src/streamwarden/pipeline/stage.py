@@ -87,6 +87,9 @@ class StreamStart:
     usage: UsageRole = None
     #: The request's OpenTelemetry spans, when telemetry is on.
     trace: RequestTrace | None = None
+    #: The request's query string (a resumable stream's owner is made of it too:
+    #: Gemini's ``?key=``).
+    query_string: str = ""
 
 
 @dataclass(slots=True)

@@ -92,7 +92,14 @@ async def serve_resume(
     answer = _AiohttpAnswer(request, route.client_write_timeout)
     try:
         with contextlib.suppress(*CLIENT_GONE):
-            await service.serve(asked, request.headers.items(), request.path, route, answer)
+            await service.serve(
+                asked,
+                request.headers.items(),
+                request.rel_url.raw_query_string,
+                request.path,
+                route,
+                answer,
+            )
     except TimeoutError:
         # Too slow to read its replay: cut, as a slow client of a stream is.
         if request.transport is not None:
@@ -104,6 +111,6 @@ async def stop_stream(
     service: ResumeService, request: web.BaseRequest, asked: Position | str | None
 ) -> web.Response:
     """``DELETE`` of a running stream by its owner: ``204``, else as if unknown."""
-    if await service.stop(request.headers.items(), asked):
+    if await service.stop(request.headers.items(), request.rel_url.raw_query_string, asked):
         return web.Response(status=204)
     return refuse(RefusalKind.UNKNOWN_STREAM)

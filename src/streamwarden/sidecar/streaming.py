@@ -87,6 +87,7 @@ class Streaming:
             asyncio.get_running_loop().time(),
             usage,
             trace_of(request),
+            request.rel_url.raw_query_string,  # as sent: the middleware's is too
         )
         flow = self.pipeline.open(start)
         return ActiveStream(flow.stream_id, flow.relay, route.route), flow

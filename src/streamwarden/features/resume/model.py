@@ -31,17 +31,20 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
 
 # The journal moved to the core; its names stay importable from here.
 from streamwarden.core.journal import Journal, JournalSink, stamp, strip_ids
 
 __all__ = [
+    "DEFAULT_OWNER_NAMES",
     "OWNER_HEADERS",
+    "OWNER_QUERY_PARAMS",
     "STREAM_ID_HEADER",
     "Journal",
     "JournalSink",
     "MemoryStore",
+    "OwnerNames",
     "Position",
     "ResumeResult",
     "StoredStream",
@@ -55,8 +58,24 @@ __all__ = [
 
 #: The response header that names a resumable stream.
 STREAM_ID_HEADER = "Streamwarden-Stream-Id"
-#: Request headers whose values make the owner of a stream (besides configured ones).
-OWNER_HEADERS = ("authorization", "x-api-key", "api-key", "cookie")
+#: Request headers whose values make the owner of a stream, besides
+#: ``resume_owner_headers``: every credential header a dialect's clients send.
+OWNER_HEADERS = (
+    "authorization",  # OpenAI and its compatibles, Vertex AI, bearer tokens
+    "proxy-authorization",  # a client's credential for a proxy on the way
+    "x-api-key",  # Anthropic
+    "api-key",  # Azure OpenAI
+    "x-goog-api-key",  # Gemini (google-genai)
+    "cookie",  # a browser's session
+)
+#: Query parameters whose values make the owner of a stream, besides
+#: ``resume_owner_query_params``: credentials a client may put in the URL.
+OWNER_QUERY_PARAMS = (
+    "key",  # Gemini (?key=, its REST examples and older SDKs)
+    "access_token",  # Google's OAuth token in the query
+    "api_key",
+    "api-key",
+)
 
 #: A stream id as :func:`new_stream_id` writes it. ASCII only, as the position:
 #: ``str.isdigit`` and ``int`` also take other scripts' digits (``²``, ``٣``).
@@ -140,23 +159,57 @@ def resume_position(last_event_id: str | None, query_string: str) -> Position | 
     return parse_position(asked) or asked
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerNames:
+    """Where a request's credentials are: header names and query parameter names."""
+
+    headers: frozenset[str]
+    query_params: frozenset[str]
+
+    @classmethod
+    def of(cls, extra_headers: Iterable[str] = (), extra_params: Iterable[str] = ()) -> OwnerNames:
+        """The built-in names and the configured ones (never fewer than the built-in)."""
+        headers = {*OWNER_HEADERS, *(name.lower() for name in extra_headers)}
+        params = {*OWNER_QUERY_PARAMS, *(name.lower() for name in extra_params)}
+        return cls(frozenset(headers), frozenset(params))
+
+
+#: The built-in names alone.
+DEFAULT_OWNER_NAMES = OwnerNames.of()
+
+
 def owner_digest(
     headers: Iterable[tuple[str, str]],
     stream_id: str,
-    extra: Iterable[str] = (),
+    names: OwnerNames = DEFAULT_OWNER_NAMES,
     secret: str = "",
+    query_string: str = "",
 ) -> str:
     """A keyed digest of the request's credentials, to compare a resume's with.
 
+    The credentials are the values of the ``names`` headers and query
+    parameters, however many and in whatever order (a name in any case).
     The stream id keys it, so the store holds nothing that could be compared
     with another stream's owner or looked up in a table of known keys. With
     ``resume_secret`` the secret keys it too: whoever reads the store can then
     not test guessed credentials against a digest, nor write one that passes.
+    Neither the credentials nor the digest's input is kept or logged.
     """
-    names = set(OWNER_HEADERS)
-    names.update(name.lower() for name in extra)
-    seen = sorted((name.lower(), value.strip()) for name, value in headers if name.lower() in names)
-    message = b"\0".join(f"{n}={v}".encode("utf-8", "surrogateescape") for n, v in seen)
+    wanted = names.headers
+    seen = sorted(
+        (name.lower(), value.strip()) for name, value in headers if name.lower() in wanted
+    )
+    parts = [f"{n}={v}" for n, v in seen]
+    if query_string:
+        params = names.query_params
+        # "?" starts no header name; the value re-quoted, so that no byte of
+        # it (a decoded %00 or "=") can pass for a separator of the message.
+        parts += sorted(
+            f"?{name.lower()}={quote(value, safe='')}"
+            for name, value in parse_qsl(query_string, keep_blank_values=True)
+            if name.lower() in params
+        )
+    message = b"\0".join(part.encode("utf-8", "surrogateescape") for part in parts)
     key = stream_id.encode() if not secret else secret.encode() + b"\0" + stream_id.encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 

@@ -38,6 +38,7 @@ from streamwarden.core.journal import Journal
 from streamwarden.core.relay import KEEPALIVE, ErrorCode
 from streamwarden.features.resume.model import (
     STREAM_ID_HEADER,
+    OwnerNames,
     Position,
     ResumeResult,
     new_stream_id,
@@ -144,6 +145,10 @@ class ResumeService:
         self.settings = settings
         self.metrics = metrics
         self.backend: ResumeBackend = open_backend(settings, metrics)
+        #: Where a request's credentials are: what makes a stream's owner.
+        self._owner_names = OwnerNames.of(
+            settings.resume_owner_headers, settings.resume_owner_query_params
+        )
         #: Streams running in this process, by stream id.
         self._local: dict[str, _LocalStream] = {}
         self._started = False
@@ -173,21 +178,22 @@ class ResumeService:
 
     # -- the original stream -----------------------------------------------------
 
-    def journal(self, headers: Headers, dialect: str) -> Journal | None:
+    def journal(self, headers: Headers, query_string: str, dialect: str) -> Journal | None:
         """A journal for a new stream of a resumable route (``None``: not kept now)."""
         stream_id = new_stream_id()
-        sink = self.backend.open(stream_id, self._owner(headers, stream_id), dialect)
+        sink = self.backend.open(stream_id, self._owner(headers, query_string, stream_id), dialect)
         return None if sink is None else Journal(stream_id, sink)
 
     def running(
         self,
         journal: Journal,
         headers: Headers,
+        query_string: str,
         stop: Callable[[], None],
         resumed: Callable[[], None],
     ) -> None:
         """The stream runs here: its owner's ``DELETE`` calls ``stop``, a resume ``resumed``."""
-        owner = self._owner(headers, journal.stream_id)
+        owner = self._owner(headers, query_string, journal.stream_id)
         self._local[journal.stream_id] = _LocalStream(owner, stop, resumed)
 
     def finished(self, journal: Journal, end_state: str, dialect: str) -> None:
@@ -209,7 +215,7 @@ class ResumeService:
         """The position a request resumes from (see :func:`resume_position`)."""
         return resume_position(last_event_id, query_string)
 
-    async def stop(self, headers: Headers, asked: Position | str | None) -> bool:
+    async def stop(self, headers: Headers, query_string: str, asked: Position | str | None) -> bool:
         """An owner's ``DELETE`` with a position or the stream id header; True if stopped.
 
         A stream running here stops at once; one running on another replica
@@ -224,13 +230,14 @@ class ResumeService:
             return False
         local = self._local.get(stream_id)
         if local is not None:
-            if not same_owner(local.owner, self._owner(pairs, stream_id)):
+            if not same_owner(local.owner, self._owner(pairs, query_string, stream_id)):
                 return False  # as if unknown: nothing to learn
             local.stop()
             return True
         try:
             found = await self.backend.lookup(stream_id)
-            if found is None or not same_owner(found[0], self._owner(pairs, stream_id)):
+            owner = self._owner(pairs, query_string, stream_id)
+            if found is None or not same_owner(found[0], owner):
                 return False
             return await self.backend.request_stop(stream_id)
         except StoreUnavailable:
@@ -246,6 +253,7 @@ class ResumeService:
         self,
         asked: Position | str,
         headers: Headers,
+        query_string: str,
         path: str,
         route: ResolvedRoute,
         answer: Answer,
@@ -264,7 +272,7 @@ class ResumeService:
         if found is None:
             return await self._refuse(answer, dialect, ResumeResult.EXPIRED)
         owner, stored_dialect = found
-        if not same_owner(owner, self._owner(pairs, stream_id)):
+        if not same_owner(owner, self._owner(pairs, query_string, stream_id)):
             # The same answer as an unknown stream: nobody learns it exists.
             return await self._refuse(answer, dialect, ResumeResult.DENIED)
         dialect = _dialect_for(stored_dialect, path)
@@ -349,10 +357,9 @@ class ResumeService:
 
     # -- internals -----------------------------------------------------------------
 
-    def _owner(self, headers: Headers, stream_id: str) -> str:
-        settings = self.settings
-        secret = settings.resume_secret.get_secret_value()
-        return owner_digest(headers, stream_id, settings.resume_owner_headers, secret)
+    def _owner(self, headers: Headers, query_string: str, stream_id: str) -> str:
+        secret = self.settings.resume_secret.get_secret_value()
+        return owner_digest(headers, stream_id, self._owner_names, secret, query_string)
 
     def _count(self, result: ResumeResult) -> None:
         if self.metrics is not None:
