@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,17 +196,12 @@ def assert_as_direct(whole: list[bytes], direct: list[bytes]) -> None:
     assert all(b'"code":"stream_truncated"' in extra for extra in ours[len(direct) :])
 
 
-#: Waits, before a resume, until the store that serves it knows the stream (by id).
-Known = Callable[[str], Awaitable[None]]
-
-
 async def _cut(
     url: str,
     resume_url: str,
     headers: Mapping[str, str],
     body: dict[str, Any],
     count: int,
-    known: Known | None,
 ) -> Cut:
     async with aiohttp.ClientSession() as session:
         async with session.post(url, headers=headers, json=body) as response:
@@ -222,8 +217,6 @@ async def _cut(
     # What the client got is all it knows: its last event's id is its position.
     (last,) = re.findall(rb"id: S\.(\d+)\n\n$", seen[-1])
     asked = {**headers, "Last-Event-ID": f"{stream_id}.{last.decode()}"}
-    if known is not None:
-        await known(stream_id)
     async with aiohttp.ClientSession() as session:
         async with session.post(resume_url, headers=asked, json=body) as again:
             resumed = event_blocks(await again.read(), stream_id)
@@ -236,16 +229,15 @@ async def cut_everywhere(
     body: dict[str, Any],
     *,
     resume_url: str | None = None,
-    known: Known | None = None,
 ) -> tuple[list[bytes], list[Cut]]:
     """The stream read whole, and a cut (then a resume) after each of its events but the last.
 
-    ``resume_url``: resume there (another replica); ``known``: first wait
-    until its store knows the stream.
+    ``resume_url``: resume there (another replica), at once: a stream whose
+    client has its id is in the store that every replica asks.
     """
     whole = await _read_whole(url, headers, body)
     cuts = await asyncio.gather(
-        *(_cut(url, resume_url or url, headers, body, n, known) for n in range(1, len(whole)))
+        *(_cut(url, resume_url or url, headers, body, n) for n in range(1, len(whole)))
     )
     return whole, list(cuts)
 

@@ -10,6 +10,7 @@ new streams resumable again without restarting anything.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -135,25 +136,6 @@ async def test_a_client_cut_on_one_replica_resumes_on_the_other(
     assert 'streamwarden_resumes_total{result="ok"} 1.0' in second.metrics.render().decode()
 
 
-def known_to(replica: Sidecar) -> Callable[[str], Awaitable[None]]:
-    """Wait until the replica's store has the stream.
-
-    A stream's writes to Redis are off its hot path: a resume sent to another
-    replica in the instant after the first event can still be told
-    ``resume_expired``. That race is not what these tests are about.
-    """
-    resume_service = replica.proxy.resume
-    assert resume_service is not None
-
-    async def known(stream_id: str) -> None:
-        async def found() -> bool:
-            return await resume_service.backend.lookup(stream_id) is not None
-
-        await wait_until(found, what=f"stream {stream_id} in Redis")
-
-    return known
-
-
 @pytest.mark.parametrize("asks_usage", [False, True], ids=["plain", "asks-usage"])
 async def test_a_resume_on_the_other_replica_gets_exactly_the_events_not_seen(
     replicas: tuple[Sidecar, Sidecar], asks_usage: bool
@@ -164,7 +146,6 @@ async def test_a_resume_on_the_other_replica_gets_exactly_the_events_not_seen(
         mock_headers("exact", tps=200, tokens=8),
         chat_body(asks_usage),
         resume_url=second.proxy_url + CHAT,
-        known=known_to(second),
     )
     assert len(whole) == 11 + asks_usage
     assert_exact(whole, cuts)
@@ -186,7 +167,6 @@ async def test_a_resume_on_the_other_replica_is_exact_whatever_the_upstream_ends
             KEY,
             chat_body(asks_usage=False),
             resume_url=f"{second.proxy_url}/{shape}{CHAT}",
-            known=known_to(second),
         )
     assert_as_direct(whole, direct)  # a usage chunk of the upstream's own included
     assert_exact(whole, cuts)
@@ -400,3 +380,77 @@ async def test_a_hole_in_the_stored_stream_is_told_after_the_events_before_it(
     _, _, rest, _ = await resume(second.proxy_url, f"{stream_id}.2")
     assert [e.id for e in rest[:-1]] == [f"{stream_id}.{n}" for n in (3, 4, 5)]
     assert "resume_gap" in rest[-1].data
+
+
+@contextlib.asynccontextmanager
+async def writes_held(redis_server: RedisServer, milliseconds: int) -> AsyncIterator[None]:
+    """Redis takes no write for a while; reads go on (``CLIENT PAUSE ... WRITE``).
+
+    As a loaded Redis or a writer busy with a long batch would: one replica's
+    writes wait while another replica's reads are answered at once.
+    """
+    import redis.asyncio as redis_asyncio
+
+    client = redis_asyncio.Redis.from_url(redis_server.url)
+    try:
+        await client.execute_command("CLIENT", "PAUSE", milliseconds, "WRITE")
+        yield
+    finally:
+        await client.aclose()
+
+
+#: Long beside the few milliseconds a client takes to resume after its first
+#: event, short beside the writer's timeout (READ_TIMEOUT, 2 s).
+HELD_MS = 1000
+
+
+async def test_a_resume_sent_to_the_other_replica_the_instant_the_first_event_arrives_finds_it(
+    mock: MockServer, replicas: tuple[Sidecar, Sidecar], redis_server: RedisServer
+) -> None:
+    first, second = replicas
+    tokens = 20
+    async with writes_held(redis_server, HELD_MS), aiohttp.ClientSession() as session:
+        async with session.post(
+            first.proxy_url + CHAT,
+            headers=mock_headers("instant", tps=50, tokens=tokens),
+            json={"stream": True},
+        ) as response:
+            stream_id = response.headers[STREAM_ID_HEADER]
+            head = await read_events(response, until=lambda got: len(got) >= 1)
+            # At once, on the other replica: no waiting for the store.
+            async with session.get(
+                second.proxy_url + CHAT, headers={**KEY, "Last-Event-ID": head[-1].id or ""}
+            ) as again:
+                rest = await read_events(again)
+    assert "resume_expired" not in rest[-1].data
+    ids = [event.id for event in head + rest]
+    assert ids == [f"{stream_id}.{n}" for n in range(1, len(ids) + 1)]
+    assert rest[-1].data == "[DONE]" and text_of(head + rest) == mock_text(tokens)
+    assert len(mock.stats.records) == 1  # one generation
+
+
+async def test_through_the_middleware_too_a_resume_on_the_other_app_finds_the_stream_at_once(
+    redis_server: RedisServer,
+) -> None:
+    from test_middleware_resume import TOKENS as APP_TOKENS
+    from test_middleware_resume import Model, served
+
+    await redis_server.ready()
+    options = {"on_client_gone": "detach", "resume_store": redis_server.url}
+    model = Model(pace=0.02)
+    async with served(model, **options) as (one, _), served(model, **options) as (other, _):
+        async with writes_held(redis_server, HELD_MS), aiohttp.ClientSession() as session:
+            async with session.post(one + CHAT, headers=KEY, json={"stream": True}) as response:
+                stream_id = response.headers[STREAM_ID_HEADER]
+                head = await read_events(response, until=lambda got: len(got) >= 1)
+                async with session.post(
+                    other + CHAT,
+                    headers={**KEY, "Last-Event-ID": head[-1].id or ""},
+                    json={"stream": True},
+                ) as again:
+                    rest = await read_events(again)
+    assert "resume_expired" not in rest[-1].data
+    ids = [event.id for event in head + rest]
+    assert ids == [f"{stream_id}.{n}" for n in range(1, len(ids) + 1)]
+    assert rest[-1].data == "[DONE]" and len(ids) == APP_TOKENS + 1
+    assert model.generations == 1  # the resume never reached the other app

@@ -93,7 +93,10 @@ class ClientWriter:
         self.rearm_clock: Callable[[], None] = _nothing
 
     async def send_head(self, start: Message) -> None:
-        """Send the stream's ``http.response.start``."""
+        """Send the stream's ``http.response.start``, once what it waits for is done."""
+        waits, self._flow.before_head = self._flow.before_head, None
+        if waits is not None:
+            await waits  # a resumable stream's owner in a shared store
         try:
             await self._server_send(start)
         except OSError:

@@ -37,6 +37,8 @@ class ResumeJournal(Stage):
             return
         relay.journal = journal
         stream.headers.append((STREAM_ID_HEADER, journal.stream_id))
+        # The head names the id: it goes out once a resume anywhere finds it.
+        stream.before_head = service.storing(journal)
         service.running(
             journal, start.request_headers, start.query_string, stream.stop, relay.resumed
         )

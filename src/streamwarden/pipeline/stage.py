@@ -9,8 +9,9 @@ plan (:data:`streamwarden.pipeline.STAGES`):
    (:class:`RelayOptions`: limits, the gap observer, usage take-back,
    output filters);
 2. :meth:`~Stage.opened` acts on the stream once its relay exists: a
-   journal to record into, headers to add to the response's head, a
-   ``stop`` a resume service may call, a ``holds`` a detached stream asks;
+   journal to record into, headers to add to the response's head (and what
+   the head waits for), a ``stop`` a resume service may call, a ``holds`` a
+   detached stream asks;
 3. :meth:`~Stage.closing` runs at its end, before its record is written
    (a journal sealed), and :meth:`~Stage.closed` after, with the record
    (a span ended).
@@ -138,6 +139,10 @@ class PipelineStream:
     stop_pending: bool = False
     #: For a detached stream: how much longer a resume holds it (``None``: nobody).
     holds: Callable[[], Awaitable[float | None]] | None = None
+    #: What the face awaits before the head goes out (``None``: nothing): a
+    #: resumable stream's owner reaching a shared store, so that a resume
+    #: sent anywhere the instant the client has the id finds the stream.
+    before_head: Awaitable[object] | None = None
     #: Counted in the detached-streams gauge (client gone, kept for a resume).
     counted_detached: bool = False
 

@@ -142,6 +142,9 @@ class Streaming:
         self.tracker.open(stream)
         run = StreamRun(self.pipeline, stream, flow, release_upstream)
         try:
+            waits, flow.before_head = flow.before_head, None
+            if waits is not None:
+                await waits  # a resumable stream's owner in a shared store
             await response.prepare(request)
             travel_light(request)
             channel = client_channel(request, response)

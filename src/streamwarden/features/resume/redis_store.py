@@ -14,7 +14,11 @@ Layout, per stream id (all keys expire):
   runs on another publishes its id; every replica subscribes and stops it
   where it runs.
 
-The live path never waits on Redis. A journal's writes go into one
+A stream's events never wait on Redis. Its head waits for one write, its
+owner's (one round trip; ``READ_TIMEOUT`` at most), because the head names
+the stream's id and a client may resume on another replica the instant it
+has it: a stream that exists must never be told it expired. That write,
+like every other, goes through the writer: a journal's writes go into one
 bounded queue that a single writer task sends in batches, each batch one
 call of a small Lua script (:data:`APPLY`) that makes all of its writes:
 one command and one reply per batch instead of one per event, which is
@@ -68,10 +72,12 @@ STOP_CHANNEL = "streamwarden:stop"
 Command = tuple[str, str, Any, Any]
 
 #: Makes a batch of writes. KEYS[i] is the key of the i-th write and
-#: ARGV[3i-2..3i] its operation and operands: "a" XADD <id> d <data>, "z"
-#: XADD <id> end <state> (the stream's end), "h" HSET <field> <value>, "e"
-#: PEXPIRE <ms>, "t" XTRIM MINID <id>. pcall: one failed write (a stream
-#: whose Redis restarted under it) does not lose the rest of the batch.
+#: ARGV[3i-2..3i] its operation and operands: "o" HSET owner <owner> dialect
+#: <dialect> (a new stream's meta: one write, so one batch settles it), "a"
+#: XADD <id> d <data>, "z" XADD <id> end <state> (the stream's end), "h" HSET
+#: <field> <value>, "e" PEXPIRE <ms>, "t" XTRIM MINID <id>. pcall: one failed
+#: write (a stream whose Redis restarted under it) does not lose the rest of
+#: the batch.
 #: The last ARGV is the TTL a key gets if it has none yet: whatever writes
 #: were dropped before it, no key of ours is left without an expiry.
 APPLY = """
@@ -79,6 +85,7 @@ local ttl = ARGV[#ARGV]
 for i = 1, #KEYS do
   local op, a, b = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   if op == "a" then redis.pcall("XADD", KEYS[i], a, "d", b)
+  elseif op == "o" then redis.pcall("HSET", KEYS[i], "owner", a, "dialect", b)
   elseif op == "z" then redis.pcall("XADD", KEYS[i], a, "end", b)
   elseif op == "h" then redis.pcall("HSET", KEYS[i], a, b)
   elseif op == "e" then redis.pcall("PEXPIRE", KEYS[i], a)
@@ -161,6 +168,13 @@ class RedisBackend:
         self._queue: deque[Command] = deque()
         self._queued_bytes = 0
         self._queued = asyncio.Event()
+        #: Writes ever taken into the queue, and ever settled (applied or lost):
+        #: a write's number says which batch settles it.
+        self._taken = 0
+        self._settled = 0
+        #: New streams' meta writes still under way, by stream id: the write's
+        #: number, its outcome, and the timer that gives up on it.
+        self._storing: dict[str, tuple[int, asyncio.Future[bool], asyncio.TimerHandle]] = {}
         self._writer: asyncio.Task[None] | None = None
         self._apply: AsyncScript | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -199,6 +213,7 @@ class RedisBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
             self._writer = None
+        self._settle(len(self._queue), applied=False)  # never to be written now
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -209,19 +224,53 @@ class RedisBackend:
         if not self.healthy:
             return None  # nothing would be kept: the stream is not offered for resume
         _, meta, _ = _keys(stream_id)
-        self.enqueue(("h", meta, "owner", owner))
-        self.enqueue(("h", meta, "dialect", dialect))
-        self.enqueue(("e", meta, self.live_ttl_ms, ""))
+        # Its TTL is APPLY's (the live one): the key has none yet.
+        if not self.enqueue(("o", meta, owner, dialect)):
+            return None
+        # A future, not a coroutine: nothing is left unawaited if the head never goes out.
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[bool] = loop.create_future()
+        gives_up = loop.call_later(READ_TIMEOUT, _resolve, outcome, False)
+        self._storing[stream_id] = (self._taken, outcome, gives_up)
         return _RedisJournal(self, stream_id)
 
-    def enqueue(self, command: Command) -> None:
+    def storing(self, stream_id: str) -> Awaitable[bool] | None:
+        """The write that makes a stream just opened findable, if still under way.
+
+        Its response head waits for it, ``READ_TIMEOUT`` at most (then
+        False): a client may resume on another replica the instant it has
+        the id, and a stream that exists must never be told it expired.
+        """
+        storing = self._storing.get(stream_id)
+        return None if storing is None else storing[1]
+
+    def enqueue(self, command: Command) -> bool:
+        """Queue a write for the writer; False if the queue is full (the write is dropped)."""
         size = len(command[3]) if command[0] == "a" else 0
         if len(self._queue) >= MAX_QUEUED_WRITES or self._queued_bytes + size > MAX_QUEUED_BYTES:
             self._error("the write queue is full")
-            return
+            return False
         self._queue.append(command)
         self._queued_bytes += size
+        self._taken += 1
         self._queued.set()
+        return True
+
+    def _settle(self, count: int, applied: bool) -> None:
+        """The next ``count`` writes were applied or lost: tell the streams that wait on theirs."""
+        self._settled += count
+        if not self._storing:
+            return
+        settled = self._settled
+        done: list[str] = []
+        for stream_id, (number, _, _) in self._storing.items():  # in the order they were taken
+            if number > settled:
+                break
+            done.append(stream_id)
+        for stream_id in done:
+            _, outcome, gives_up = self._storing.pop(stream_id)
+            gives_up.cancel()
+            _resolve(outcome, applied)
 
     async def _write_loop(self) -> None:
         pause = 0.05
@@ -262,7 +311,9 @@ class RedisBackend:
             # Lost: the streams they belong to have a hole a resume reports.
             if self._metrics is not None:
                 self._metrics.store_errors.inc(len(batch))
+            self._settle(len(batch), applied=False)
             raise
+        self._settle(len(batch), applied=True)
 
     def _error(self, what: str) -> None:
         if self._metrics is not None:
@@ -377,6 +428,12 @@ class RedisBackend:
                 close: Callable[[], Awaitable[None]] = pubsub.aclose
                 with contextlib.suppress(RedisError, OSError):
                     await close()
+
+
+def _resolve(outcome: asyncio.Future[bool], stored: bool) -> None:
+    # Done already: given up on, or cancelled with the task that awaited it.
+    if not outcome.done():
+        outcome.set_result(stored)
 
 
 def _pairs(entries: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:

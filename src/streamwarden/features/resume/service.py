@@ -27,7 +27,7 @@ browser's ``EventSource`` from reconnecting.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -183,6 +183,15 @@ class ResumeService:
         stream_id = new_stream_id()
         sink = self.backend.open(stream_id, self._owner(headers, query_string, stream_id), dialect)
         return None if sink is None else Journal(stream_id, sink)
+
+    def storing(self, journal: Journal) -> Awaitable[bool] | None:
+        """What the stream's head waits for: the store able to answer a resume of it.
+
+        ``None`` when it already is (the memory store); with Redis, the
+        write of its owner, bounded (see :meth:`ResumeBackend.storing`).
+        Awaited once, by the face.
+        """
+        return self.backend.storing(journal.stream_id)
 
     def running(
         self,

@@ -1,12 +1,13 @@
 """Stores of resumable streams, as both faces use them (async, no web framework).
 
 :class:`ResumeBackend` is what a face asks of a store: a sink for a new
-stream's journal (never awaited: the stream's path never waits on a
-store), the owner and dialect of a stream, its events after a position
-(waiting a while for the next one, for a live continuation), and a hold
-that a resumed client keeps on the stream while it reads, so that a
-detached stream is not closed under it at the end of its
-``resume_window``.
+stream's journal (never awaited: a stream's events never wait on a store),
+the one write its head waits for (a shared store's: the head names the
+stream, which a resume anywhere must then find), the owner and dialect of
+a stream, its events after a position (waiting a while for the next one,
+for a live continuation), and a hold that a resumed client keeps on the
+stream while it reads, so that a detached stream is not closed under it
+at the end of its ``resume_window``.
 
 Two backends: :class:`MemoryBackend` (the bounded in-process
 :class:`~streamwarden.features.resume.model.MemoryStore`; a client resumes only where it
@@ -20,7 +21,7 @@ neither backend imports the other.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +53,16 @@ class ResumeBackend(Protocol):
 
     def open(self, stream_id: str, owner: str, dialect: str) -> JournalSink | None:
         """A sink for a new stream's journal, or ``None`` if it cannot be kept now."""
+        ...
+
+    def storing(self, stream_id: str) -> Awaitable[bool] | None:
+        """The write that lets a resume find a stream just opened, if still under way.
+
+        A stream's head names its id, so the head waits for it: a resume
+        sent the instant after must find the stream, on any replica. It
+        settles within a bound (False: not stored in time); ``None``: the
+        stream is findable already.
+        """
         ...
 
     async def lookup(self, stream_id: str) -> tuple[str, str] | None:
@@ -107,6 +118,9 @@ class MemoryBackend:
 
     def open(self, stream_id: str, owner: str, dialect: str) -> JournalSink | None:
         return self.store.open(stream_id, owner, dialect)
+
+    def storing(self, stream_id: str) -> Awaitable[bool] | None:
+        return None  # in the store as it opened: nothing to wait for
 
     async def lookup(self, stream_id: str) -> tuple[str, str] | None:
         stored = self.store.find(stream_id)
