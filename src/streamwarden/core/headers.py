@@ -56,13 +56,25 @@ SECRET_HEADERS = frozenset(
     }
 )
 
-#: Request headers that say who is asking, in every dialect's API: OpenAI's
-#: and Azure's keys, Anthropic's, Gemini's, and a browser's session. What a
-#: request may be shown (a resumed stream, a learned upstream habit) is
-#: decided per value of these.
-CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie")
-#: Query parameters that carry a credential: Gemini's ``?key=``.
-CREDENTIAL_QUERY_PARAMETERS = ("key",)
+#: Request headers that say who is asking, in every dialect's API. What a
+#: request may be shown or changed by is decided per value of these: the
+#: owner of a resumable stream, the kind of a request whose upstream habit
+#: usage injection learns.
+CREDENTIAL_HEADERS = (
+    "authorization",  # OpenAI and its compatibles, Vertex AI, bearer tokens
+    "proxy-authorization",  # a client's credential for a proxy on the way
+    "x-api-key",  # Anthropic
+    "api-key",  # Azure OpenAI
+    "x-goog-api-key",  # Gemini (google-genai)
+    "cookie",  # a browser's session
+)
+#: Query parameters that carry a credential: what a client may put in the URL.
+CREDENTIAL_QUERY_PARAMETERS = (
+    "key",  # Gemini (?key=, its REST examples and older SDKs)
+    "access_token",  # Google's OAuth token in the query
+    "api_key",
+    "api-key",
+)
 
 Pairs = Iterable[tuple[str, str]]
 

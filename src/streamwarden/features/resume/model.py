@@ -34,6 +34,7 @@ from enum import StrEnum
 from urllib.parse import parse_qsl, quote
 
 # The journal moved to the core; its names stay importable from here.
+from streamwarden.core.headers import CREDENTIAL_HEADERS, CREDENTIAL_QUERY_PARAMETERS
 from streamwarden.core.journal import Journal, JournalSink, stamp, strip_ids
 
 __all__ = [
@@ -60,22 +61,10 @@ __all__ = [
 STREAM_ID_HEADER = "Streamwarden-Stream-Id"
 #: Request headers whose values make the owner of a stream, besides
 #: ``resume_owner_headers``: every credential header a dialect's clients send.
-OWNER_HEADERS = (
-    "authorization",  # OpenAI and its compatibles, Vertex AI, bearer tokens
-    "proxy-authorization",  # a client's credential for a proxy on the way
-    "x-api-key",  # Anthropic
-    "api-key",  # Azure OpenAI
-    "x-goog-api-key",  # Gemini (google-genai)
-    "cookie",  # a browser's session
-)
+OWNER_HEADERS = CREDENTIAL_HEADERS
 #: Query parameters whose values make the owner of a stream, besides
 #: ``resume_owner_query_params``: credentials a client may put in the URL.
-OWNER_QUERY_PARAMS = (
-    "key",  # Gemini (?key=, its REST examples and older SDKs)
-    "access_token",  # Google's OAuth token in the query
-    "api_key",
-    "api-key",
-)
+OWNER_QUERY_PARAMS = CREDENTIAL_QUERY_PARAMETERS
 
 #: A stream id as :func:`new_stream_id` writes it. ASCII only, as the position:
 #: ``str.isdigit`` and ``int`` also take other scripts' digits (``²``, ``٣``).
