@@ -350,4 +350,102 @@ async def test_without_a_lifespan_the_first_request_starts_the_watch(
             what="a scrape after the stream",
         )
         assert metric(middleware, "streamwarden_engine_unseen_tokens_total") == 0
-    await middleware.engine_watch.close()
+    await middleware.close()
+
+
+class CountingEngine:
+    """An engine's ``/metrics`` that counts its scrapes and its open connections.
+
+    Its gauge says three requests run, whatever happens: after a cancel the
+    watch polls it every 10 ms until its 5 s bound, so a close arrives while
+    the watch is timing an abort.
+    """
+
+    def __init__(self) -> None:
+        self.scrapes = 0
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/metrics"
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        page = VLLM.encode()
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")  # a GET: no body
+                self.scrapes += 1
+                writer.write(head % len(page) + page)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the watch closed its connection
+        finally:
+            self.connections -= 1
+            writer.close()
+
+
+def middleware_tasks() -> list[str]:
+    """The tasks the middleware runs beside the app: the engine watch's, by their coroutine."""
+    names = (getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks())
+    return sorted(name for name in names if name.startswith("EngineWatch."))
+
+
+async def test_without_a_lifespan_close_stops_what_the_first_request_started() -> None:
+    metrics_page = CountingEngine()
+    url_of_metrics = await metrics_page.start()
+    provider_waiting = asyncio.Event()
+
+    async def chat(request: Request) -> StreamingResponse:
+        async def answer() -> AsyncIterator[bytes]:
+            yield b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+            provider_waiting.set()
+            await asyncio.Event().wait()  # a provider that goes quiet: the client leaves
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(answer(), media_type="text/event-stream")
+
+    middleware = StreamWardenMiddleware(
+        Starlette(routes=[Route(CHAT, chat, methods=["POST"])]),
+        engine_metrics_url=url_of_metrics,
+        engine_scrape_interval="50ms",
+    )
+    try:
+        async with serve_in_process(middleware, lifespan="off") as url:
+            assert metrics_page.scrapes == 0 and middleware_tasks() == []
+            async with aiohttp.ClientSession() as session:
+                async with session.post(url + CHAT, json={"stream": True}) as response:
+                    await response.content.readuntil(b"\n\n")
+                    await provider_waiting.wait()
+            # The client left: the watch times the engine's abort (it never comes).
+            await wait_for(
+                lambda: (
+                    middleware_tasks()
+                    == ["EngineWatch._scrape_forever", "EngineWatch._time_aborts"]
+                ),
+                what="the watch scraping and timing the abort",
+            )
+            assert metrics_page.scrapes >= 1 and metrics_page.connections >= 1
+        # The server has stopped: nothing of the server's stops the middleware's tasks.
+        assert middleware_tasks() != []
+        await middleware.close()
+        assert middleware_tasks() == []
+        await wait_for(lambda: metrics_page.connections == 0, what="the engine's connections")
+        await middleware.close()  # closing twice is no error
+        assert middleware.engine_watch is not None and not middleware.engine_watch.running
+        # A request after the close is served, and restarts nothing.
+        async with serve_in_process(middleware, lifespan="off") as url:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(url + "/nothing") as response:
+                    assert response.status == 404
+            assert middleware_tasks() == []
+    finally:
+        await metrics_page.close()

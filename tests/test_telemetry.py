@@ -231,7 +231,7 @@ async def test_the_middleware_exports_the_same_spans_and_makes_the_upstream_call
             async with session.post(url + CHAT, headers=headers, json={"stream": True}) as reply:
                 await reply.read()
         await wait_for(lambda: len(servers(receiver)) == 1, what="the middleware's server span")
-    middleware.close()  # its exporters' threads, as the server's lifespan shutdown would
+    await middleware.close()  # its exporters' threads, as the server's lifespan shutdown would
     (server,) = servers(receiver)
     assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == PARENT
     (client,) = [s for s in receiver.spans if s.kind == 3]

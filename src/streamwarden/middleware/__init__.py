@@ -36,10 +36,12 @@ Where it diverges from the sidecar, and why:
   ``shutting_down`` error event if its client can still hear it.
 - What runs beside the streams follows the app's lifespan: the engine
   watch (``engine_metrics_url``) starts at ``lifespan.startup`` (or at the
-  first request, on a server that runs no lifespan) and stops at
-  ``lifespan.shutdown``. It reconciles the engine with this instance's
-  streams only: under several worker processes each counts the others'
-  tokens as unseen.
+  first request, on a server that runs no lifespan), and
+  ``await middleware.close()`` stops it, the resume store and the
+  telemetry's exporters: ``lifespan.shutdown`` calls it, and a program that
+  runs the app on a server without a lifespan calls it after the server.
+  It reconciles the engine with this instance's streams only: under
+  several worker processes each counts the others' tokens as unseen.
 - Logging is the app's: the middleware sets up a stderr handler (in
   ``log_format``, at ``log_level``) for the ``streamwarden`` loggers only if
   nothing in the process has set up Python logging, and it goes quiet once

@@ -6,7 +6,10 @@ builds the instance's metrics and stream log; each HTTP request gets a
 fresh :class:`~streamwarden.middleware.responder.StreamResponder`. Other
 scopes (lifespan, websocket) pass straight through; the middleware only
 listens to the lifespan's messages, to start and stop what runs in the
-background (the engine watch, the telemetry's exporters).
+background (the engine watch, the resume store, the telemetry's exporters).
+Stopping is :meth:`StreamWardenMiddleware.close`, one path whether the
+lifespan's shutdown calls it or, on a server that runs no lifespan, the
+program that ran the server.
 
 Metrics. Each instance owns one :class:`~streamwarden.observation.metrics.StreamMetrics`
 (its own registry, as each sidecar does). The app can expose it with one
@@ -96,21 +99,21 @@ class StreamWardenMiddleware:
         self._metrics_path = self.settings.metrics_path
         #: The inference engine's counters against this instance's streams
         #: (engine_metrics_url): started by the lifespan's startup, or by the
-        #: first request when the server runs no lifespan; stopped by its shutdown.
+        #: first request when the server runs no lifespan; stopped by close().
         pipeline = self._context.pipeline
         self.engine_watch = (
             EngineWatch(self.settings, pipeline.register, pipeline.on_open, self.metrics)
             if self.settings.engine_metrics_url is not None
             else None
         )
-        #: The watch is still to be started (a shutdown before any start cancels it).
+        #: The watch is still to be started (a close before any start cancels it).
         self._engine_watch_pending = self.engine_watch is not None
+        #: What :meth:`close` does, once, whoever calls it first.
+        self._closing: asyncio.Future[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            if scope["type"] == "lifespan" and (
-                self.telemetry is not None or self.engine_watch is not None
-            ):
+            if scope["type"] == "lifespan":
                 receive = self._following_lifespan(receive)
             await self.app(scope, receive, send)
             return
@@ -129,10 +132,9 @@ class StreamWardenMiddleware:
     def _following_lifespan(self, receive: Receive) -> Receive:
         """The app's lifespan receive, with what the middleware runs beside the app.
 
-        Startup starts the engine watch; shutdown stops it and flushes the
-        spans; each before the app hears of it.
+        Startup starts the engine watch; shutdown is :meth:`close`; each
+        before the app hears of it.
         """
-        telemetry = self.telemetry
 
         async def watched() -> Message:
             message = await receive()
@@ -140,11 +142,7 @@ class StreamWardenMiddleware:
             if kind == "lifespan.startup" and self._engine_watch_pending:
                 await self._start_engine_watch()
             elif kind == "lifespan.shutdown":
-                if self.engine_watch is not None:
-                    self._engine_watch_pending = False  # closed: no request restarts it
-                    await self.engine_watch.close()
-                if telemetry is not None:
-                    await asyncio.to_thread(telemetry.shutdown)
+                await self.close()
             return message
 
         return watched
@@ -155,10 +153,32 @@ class StreamWardenMiddleware:
             self._engine_watch_pending = False
             await self.engine_watch.start()
 
-    def close(self) -> None:
-        """Flush and stop what runs in the background (the telemetry's exporters)."""
+    async def close(self) -> None:
+        """Stop everything the middleware started beside the app, and wait until it has.
+
+        That is the engine watch (its scrape and abort tasks, its connections
+        to the engine), the resume store's connection and tasks, and the
+        telemetry's exporters (flushed, for at most 2 s). The lifespan's
+        shutdown calls it; on a server that runs no lifespan (uvicorn
+        ``--lifespan off``, an ASGI test client), await it once the server
+        has stopped serving, in the loop that served the app. Closing again
+        does nothing; a request after it is served, but restarts nothing.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._stop_services())
+        # Shielded: a caller cancelled while waiting must not stop the close half-way.
+        await asyncio.shield(self._closing)
+
+    async def _stop_services(self) -> None:
+        self._engine_watch_pending = False  # closed: no later request starts it
+        if self.engine_watch is not None:
+            await self.engine_watch.close()
+        if self.resume is not None:
+            await self.resume.close()
         if self.telemetry is not None:
-            self.telemetry.shutdown()
+            # A collector that is down must not hold the server's exit: 2 s,
+            # then the flushing thread is left, as the sidecar does.
+            await self.telemetry.shutdown_within(2.0)
 
 
 class MetricsEndpoint:

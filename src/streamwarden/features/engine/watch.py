@@ -16,7 +16,7 @@ opens (the pipeline's ``on_open``, for the tokens of streams in flight)
 and each record as the stream ends (the register's listeners). It is
 handed both lists, so that it imports no pipeline: the pipeline's stages
 import the features, not the other way round. A face only starts and closes it: the sidecar with its
-server, the middleware with the app's lifespan.
+server, the middleware at its first lifespan startup or request and in its ``close()``.
 
 An engine that cannot be scraped never touches a stream: the scrape is
 its own task, with its own timeout; a counter and a rate-limited log line
@@ -212,7 +212,9 @@ class EngineWatch:
         if meter.end_state in _CANCELLED and self.running:
             self._cancels.append(asyncio.get_running_loop().time())
             if self._aborts is None or self._aborts.done():
-                self._aborts = asyncio.get_running_loop().create_task(self._time_aborts())
+                self._aborts = asyncio.get_running_loop().create_task(
+                    self._time_aborts(), name="streamwarden-engine-aborts"
+                )
 
     async def _time_aborts(self) -> None:
         """Until the engine runs no more requests than the face has open."""
