@@ -108,12 +108,16 @@ class StreamWardenMiddleware:
         )
         #: The watch is still to be started (a close before any start cancels it).
         self._engine_watch_pending = self.engine_watch is not None
+        #: Something to start or stop with the lifespan (else it passes untouched).
+        self._runs_beside_the_app = any(
+            service is not None for service in (self.engine_watch, self.resume, self.telemetry)
+        )
         #: What :meth:`close` does, once, whoever calls it first.
         self._closing: asyncio.Future[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            if scope["type"] == "lifespan":
+            if scope["type"] == "lifespan" and self._runs_beside_the_app:
                 receive = self._following_lifespan(receive)
             await self.app(scope, receive, send)
             return
