@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs
 
+import aiohttp
 import uvicorn
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
@@ -289,6 +290,46 @@ def app_configuring_logging_late() -> ASGIApp:
     """
     logging.basicConfig(level=logging.INFO, format=APP_LOG_FORMAT)
     return app
+
+
+# -- an app in front of an inference engine ----------------------------------------------
+
+CHAT = "/v1/chat/completions"
+#: The engine (a ``streamwarden mock-upstream``) that ``engine_app`` streams from.
+ENGINE_ENV = "SWTEST_ENGINE_URL"
+
+
+def app_streaming_from(model_url: str) -> Starlette:
+    """An app whose chat endpoint streams the model's answer, as an app in front of vLLM."""
+
+    async def chat(request: Request) -> StreamingResponse:
+        headers = {k: v for k, v in request.headers.items() if k.startswith("x-mock-")}
+        body = await request.body()
+
+        async def answer() -> AsyncIterator[bytes]:
+            # Cancelled when the client leaves: the connection to the model closes.
+            async with aiohttp.ClientSession() as session:
+                async with session.post(model_url + CHAT, headers=headers, data=body) as response:
+                    async for chunk in response.content.iter_any():
+                        yield chunk
+
+        return StreamingResponse(answer(), media_type="text/event-stream")
+
+    async def hello(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("hello")  # what ServerProcess.wait_ready asks for
+
+    return Starlette(
+        routes=[Route(CHAT, chat, methods=["POST"]), Route("/plain/starlette/hello", hello)]
+    )
+
+
+def engine_app() -> ASGIApp:
+    """For ``uvicorn --factory``: ``app_streaming_from($SWTEST_ENGINE_URL)``, guarded.
+
+    The middleware's options come from the ``STREAMWARDEN_*`` environment
+    (``engine_metrics_url`` among them), as in an app deployed so.
+    """
+    return StreamWardenMiddleware(app_streaming_from(os.environ[ENGINE_ENV]))
 
 
 # -- real servers in subprocesses ------------------------------------------------------

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,15 +28,15 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from middleware_apps import serve_in_process
+from middleware_apps import CHAT, ENGINE_ENV, app_streaming_from, running, serve_in_process
 from streamwarden.features.engine.counters import read_engine
+from streamwarden.features.engine.peers import EngineWatchers
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, MockSettings, start_mock
-from waiting import wait_for
+from waiting import wait_for, wait_until
 
 StartSidecar = Callable[..., Awaitable[Sidecar]]
-CHAT = "/v1/chat/completions"
 
 VLLM = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
@@ -249,25 +252,6 @@ async def test_a_metrics_page_longer_than_one_read_is_read_to_its_end(
 # -- the middleware ---------------------------------------------------------------
 
 
-def app_streaming_from(model_url: str) -> Starlette:
-    """An app whose chat endpoint streams the model's answer, as an app in front of vLLM."""
-
-    async def chat(request: Request) -> StreamingResponse:
-        headers = {k: v for k, v in request.headers.items() if k.startswith("x-mock-")}
-        body = await request.body()
-
-        async def answer() -> AsyncIterator[bytes]:
-            # Cancelled when the client leaves: the connection to the model closes.
-            async with aiohttp.ClientSession() as session:
-                async with session.post(model_url + CHAT, headers=headers, data=body) as response:
-                    async for chunk in response.content.iter_any():
-                        yield chunk
-
-        return StreamingResponse(answer(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route(CHAT, chat, methods=["POST"])])
-
-
 def guarded(model: MockServer, **options: Any) -> StreamWardenMiddleware:
     return StreamWardenMiddleware(
         app_streaming_from(model.url),
@@ -449,3 +433,96 @@ async def test_without_a_lifespan_close_stops_what_the_first_request_started() -
             assert middleware_tasks() == []
     finally:
         await metrics_page.close()
+
+
+# -- several workers on one engine ------------------------------------------------
+
+
+def test_watches_of_one_engine_count_each_other_and_not_the_dead(tmp_path: Path) -> None:
+    url = "http://127.0.0.1:8000/metrics"
+    first, second = EngineWatchers(url, str(tmp_path)), EngineWatchers(url, str(tmp_path))
+    elsewhere = EngineWatchers("http://127.0.0.1:8001/metrics", str(tmp_path))
+    for watch in (first, second, elsewhere):
+        watch.join()
+    assert (first.count(), second.count(), elsewhere.count()) == (2, 2, 1)
+    # A watch whose process died leaves its file, unlocked: not counted, and removed.
+    (directory,) = [d for d in tmp_path.glob("*/engine-watch-*") if len(list(d.iterdir())) == 2]
+    dead = directory / "12345-dead"
+    dead.touch()
+    assert first.count() == 2 and not dead.exists()
+    second.leave()
+    assert first.count() == 1 and len(list(directory.iterdir())) == 1
+    first.leave()
+    elsewhere.leave()
+
+
+async def served_metrics(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url + "/metrics") as response:
+            return samples(await response.text())
+
+
+async def test_two_workers_on_one_engine_claim_none_of_each_others_tokens(
+    engine: Callable[..., Awaitable[MockServer]], tmp_path: Path
+) -> None:
+    # Two uvicorn processes of one app, each with its middleware and watch, on
+    # one engine that aborts on every cancel: no token is anybody's zombie.
+    model = await engine(tokens_per_second=400)
+    environ = {
+        ENGINE_ENV: model.url,
+        "STREAMWARDEN_ENGINE_METRICS_URL": model.url + "/metrics",
+        "STREAMWARDEN_ENGINE_SCRAPE_INTERVAL": "50ms",
+        "STREAMWARDEN_METRICS_PATH": "/metrics",
+    }
+    options: dict[str, Any] = {
+        "target": "middleware_apps:engine_app",
+        "environ": environ,
+        "arguments": ["--factory"],
+    }
+    with running("uvicorn", tmp_path / "a", **options) as a:
+        with running("uvicorn", tmp_path / "b", **options) as b:
+            # Each watch has read the engine (its baseline) and counted both.
+            for worker in (a.url, b.url):
+                await wait_until(
+                    lambda worker=worker: _reached(  # type: ignore[misc]
+                        worker, "streamwarden_engine_watches", 2, exactly=True
+                    ),
+                    what="each worker counting both watches",
+                )
+            await whole_stream(b.url, "through-b")
+            await wait_until(
+                lambda: _reached(b.url, "streamwarden_engine_generated_tokens_total", 20),
+                what="b's watch saw its own stream in the engine",
+            )
+            await whole_stream(a.url, "through-a")
+            for worker in (a.url, b.url):
+                await wait_until(
+                    lambda worker=worker: _reached(  # type: ignore[misc]
+                        worker, "streamwarden_engine_generated_tokens_total", 40
+                    ),
+                    what="a scrape after both streams",
+                )
+                # Without the count of watches, b took a's 20 tokens for zombies.
+                metrics_of = await served_metrics(worker)
+                assert metrics_of["streamwarden_engine_unseen_tokens_total"] == 0, worker
+            # b dies without leaving (SIGKILL): the kernel drops its lock with it.
+            os.killpg(b.proc.pid, signal.SIGKILL)
+            b.proc.wait(timeout=10)
+            await wait_until(
+                lambda: _reached(a.url, "streamwarden_engine_watches", 1, exactly=True),
+                what="a alone on the engine",
+            )
+            # Alone, a reconciles again, from a new baseline: a stream that
+            # bypasses it is unseen, and nothing of b's past is.
+            await whole_stream(model.url, "bypassing")
+            await wait_until(
+                lambda: _reached(a.url, "streamwarden_engine_generated_tokens_total", 60),
+                what="a scrape after the bypassing stream",
+            )
+            metrics_of = await served_metrics(a.url)
+            assert metrics_of["streamwarden_engine_unseen_tokens_total"] == 20
+
+
+async def _reached(url: str, name: str, value: float, exactly: bool = False) -> bool:
+    served = (await served_metrics(url)).get(name, 0.0)
+    return served == value if exactly else served >= value

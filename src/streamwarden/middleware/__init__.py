@@ -40,8 +40,9 @@ Where it diverges from the sidecar, and why:
   ``await middleware.close()`` stops it, the resume store and the
   telemetry's exporters: ``lifespan.shutdown`` calls it, and a program that
   runs the app on a server without a lifespan calls it after the server.
-  It reconciles the engine with this instance's streams only: under
-  several worker processes each counts the others' tokens as unseen.
+  It reconciles the engine with this instance's streams only, so under
+  several worker processes (several watches of one engine on the host) no
+  watch claims unseen tokens (:mod:`streamwarden.features.engine.peers`).
 - Logging is the app's: the middleware sets up a stderr handler (in
   ``log_format``, at ``log_level``) for the ``streamwarden`` loggers only if
   nothing in the process has set up Python logging, and it goes quiet once

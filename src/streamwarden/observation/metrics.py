@@ -261,6 +261,11 @@ class StreamMetrics:
             "Tokens the engine generated between a cancel and its stop, unseen by streams.",
             registry=r,
         )
+        self.engine_watches = Gauge(
+            "streamwarden_engine_watches",
+            "Watches of this engine on the host, this one included; over 1, none reconciles.",
+            registry=r,
+        )
         self.engine_scrape_errors = Counter(
             "streamwarden_engine_scrape_errors",
             "Scrapes of the engine's metrics that failed or found no known counter.",

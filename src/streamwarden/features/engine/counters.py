@@ -113,3 +113,16 @@ class Reconciler:
         more_unseen = max(0.0, unseen - self._unseen_reported)
         self._unseen_reported = max(self._unseen_reported, unseen)
         return generated, more_unseen
+
+    def rebase(self, reading: EngineReading, seen: float) -> float:
+        """Start a new baseline here; how many more tokens the engine generated.
+
+        For a window whose tokens cannot all be the sidecar's to account for
+        (another watch shared the engine): nothing of it counts as unseen.
+        """
+        restarted = self._engine_base is None or reading.generated < self._engine_last
+        generated = 0.0 if restarted else reading.generated - self._engine_last
+        self._engine_base = self._engine_last = reading.generated
+        self._seen_base = seen
+        self._unseen_reported = 0.0
+        return generated

@@ -18,6 +18,13 @@ handed both lists, so that it imports no pipeline: the pipeline's stages
 import the features, not the other way round. A face only starts and closes it: the sidecar with its
 server, the middleware at its first lifespan startup or request and in its ``close()``.
 
+A watch that shares its engine with other watches on the host (an app's
+worker processes, each with a middleware) cannot tell whose its tokens
+are: while :mod:`~streamwarden.features.engine.peers` counts more than
+one, it claims neither unseen tokens nor abort times
+(``streamwarden_engine_watches`` says why), and once alone again it
+starts a new baseline.
+
 An engine that cannot be scraped never touches a stream: the scrape is
 its own task, with its own timeout; a counter and a rate-limited log line
 say so.
@@ -48,6 +55,7 @@ from streamwarden.config import Settings
 from streamwarden.core.headers import redact_url
 from streamwarden.core.meter import EndState, StreamMeter, StreamRecord
 from streamwarden.features.engine.counters import EngineReading, Reconciler, read_engine
+from streamwarden.features.engine.peers import EngineWatchers
 from streamwarden.net.upstream import (
     Origin,
     UpstreamError,
@@ -112,11 +120,19 @@ class EngineWatch:
         self._scraping: asyncio.Task[None] | None = None
         self._aborts: asyncio.Task[None] | None = None
         self._warnings = RateLimitedWarnings(60.0, log)
+        self._watchers = EngineWatchers(self.url)
+        #: No other watch of the engine was alive at the last count (the
+        #: reconciliation's window needs this one alone at both of its ends).
+        self._alone = True
         on_open.append(self._stream_opened)
         self._register.listeners.append(self._stream_finished)
 
     async def start(self) -> None:
         """Scrape from now on (in a task of the running loop)."""
+        # Before this face serves a stream: whoever counts the watches after
+        # reading the engine finds this one if any of its tokens are in the reading.
+        self._watchers.join()
+        self._alone = self._watchers.count() == 1
         https = self._origin.scheme == "https"
         self._pool = UpstreamPool(
             self._origin,
@@ -136,6 +152,7 @@ class EngineWatch:
                     await task
         if self._pool is not None:
             await self._pool.close()
+        self._watchers.leave()
 
     @property
     def running(self) -> bool:
@@ -194,11 +211,22 @@ class EngineWatch:
     async def _scrape_forever(self) -> None:
         while True:
             reading = await self.read()
+            # Counted after the reading: a watch joins before its first stream.
+            was_alone, self._alone = self._alone, self._count_watches() == 1
             if reading is not None:
-                generated, unseen = self._reconciler.update(reading, self.seen())
+                if was_alone and self._alone:
+                    generated, unseen = self._reconciler.update(reading, self.seen())
+                    self._metrics.engine_unseen.inc(unseen)
+                else:  # some of these tokens may be another watch's
+                    generated = self._reconciler.rebase(reading, self.seen())
                 self._metrics.engine_generated.inc(generated)
-                self._metrics.engine_unseen.inc(unseen)
             await asyncio.sleep(self.interval)  # the scrape interval, not a wait for a condition
+
+    def _count_watches(self) -> int:
+        """The watches of this engine now (the gauge shows the count at the last scrape)."""
+        watches = self._watchers.count()
+        self._metrics.engine_watches.set(watches)
+        return watches
 
     # -- aborts --------------------------------------------------------------
 
@@ -209,7 +237,8 @@ class EngineWatch:
         meter = record.meter
         self._open.pop(id(meter), None)
         self._finished_tokens += meter.tokens_generated
-        if meter.end_state in _CANCELLED and self.running:
+        # Shared, the engine runs the other watches' requests too: no stop to time.
+        if meter.end_state in _CANCELLED and self.running and self._alone:
             self._cancels.append(asyncio.get_running_loop().time())
             if self._aborts is None or self._aborts.done():
                 self._aborts = asyncio.get_running_loop().create_task(
@@ -222,6 +251,9 @@ class EngineWatch:
         start = await self.read()
         seen_at_start = self.seen()
         while self._cancels:
+            if not self._alone:  # another watch joined: its requests run there too
+                self._cancels.clear()
+                return
             first = self._cancels[0]
             reading = await self.read()
             now = loop.time()
