@@ -11,13 +11,11 @@ under uvicorn, hypercorn and granian) are in ``test_middleware_servers.py``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -232,8 +230,10 @@ async def _read_body(base_url: str, headers: dict[str, str]) -> bytes:
 
 
 async def test_disconnect_closes_the_apps_provider_stream_at_once(mock: MockServer) -> None:
-    # The provider goes silent after 5 tokens; the client leaves; the provider
-    # must see its connection closed (so it would stop generating) at once.
+    # The provider goes silent after 5 tokens, for ever; the client leaves; the
+    # provider must see its connection closed (so it would stop generating)
+    # while it is silent: a middleware that noticed only on the next write
+    # would never close it, as that write never comes.
     stall = {**FAST, "x-mock-fault": "stall", "x-mock-fault-after": "5"}
     app = relay_app(mock.url, guarded=True)
     async with serve(app) as guarded:
@@ -251,25 +251,16 @@ async def test_disconnect_closes_the_apps_provider_stream_at_once(mock: MockServ
         async with asyncio.timeout(5):
             while seen.count(b"data: ") < 5:
                 seen += await reader.read(4096)
-        # The stimulus: the client stays while its provider is silent, so that
-        # nothing but its leaving can end the app's wait.
-        await asyncio.sleep(0.05)
-        writer.close()
-        closed_at = time.monotonic()
         record = mock.stats.get(request_id)
-        assert record is not None
-        async with asyncio.timeout(2):
-            while record.closed_at is None:
-                await asyncio.sleep(0.001)
-        took = record.closed_at - closed_at
-        print(f"client gone -> provider saw its connection closed: {took * 1000:.1f} ms")
-        assert took < 0.05
-        async with asyncio.timeout(2):
-            while not _middleware(app).streams.finished:
-                await asyncio.sleep(0.005)
+        assert record is not None and record.closed_at is None
+        writer.close()
+        await wait_for(lambda: record.closed_at is not None, what="the provider's close")
+        assert record.closed_early and not record.completed
+        assert record.tokens_generated == 5  # closed in its silence: nothing written after
+        await wait_for(lambda: bool(_middleware(app).streams.finished))
     (stream,) = _middleware(app).streams.finished
     assert stream.meter.end_state == "client_cancelled"
-    assert stream.meter.cancel_propagation is not None and stream.meter.cancel_propagation < 0.05
+    assert stream.meter.cancel_propagation is not None  # measured (its speed: bench/)
 
 
 # -- headers ---------------------------------------------------------------------------
@@ -373,17 +364,16 @@ async def test_the_request_body_reaches_the_app_even_after_its_stream_started() 
 
 
 async def test_the_apps_own_disconnect_checks_still_work() -> None:
-    seen: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    seen = asyncio.Event()
     checking = asyncio.Event()
 
     async def slow(request: Request) -> JSONResponse:
-        # A long, non-streamed request that checks for its client itself.
+        # A long, non-streamed request that checks for its client itself, until
+        # it sees it gone: a middleware that hid the disconnect keeps it here.
         checking.set()
-        for _ in range(300):
-            if await request.is_disconnected():
-                seen.set_result(time.monotonic())
-                break
-            await asyncio.sleep(0.01)
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.01)  # the app's own polling pace
+        seen.set()
         return JSONResponse({})
 
     app = Starlette(routes=[Route("/slow", slow)])
@@ -395,10 +385,8 @@ async def test_the_apps_own_disconnect_checks_still_work() -> None:
         async with asyncio.timeout(5):
             await checking.wait()  # the app is running, watching its client
         writer.close()
-        closed_at = time.monotonic()
-        async with asyncio.timeout(2):
-            saw_at = await seen
-    assert saw_at - closed_at < 0.1
+        async with asyncio.timeout(10):
+            await seen.wait()
 
 
 # -- exceptions before the start, other scopes ------------------------------------------
@@ -448,17 +436,17 @@ async def test_non_http_scopes_pass_straight_through() -> None:
 async def test_a_silent_app_gets_the_idle_timeout_error_and_is_stopped(finally_dir: Path) -> None:
     request_id = uuid.uuid4().hex
     app = StreamWardenMiddleware(raw_app, upstream_idle_timeout=0.3, keepalive_interval=0.1)
-    async with serve(app) as guarded, httpx.AsyncClient(timeout=5.0) as client:
-        started = time.monotonic()
+    # The app is silent for 30 s, past the client's 10 s: only the idle timeout ends it.
+    async with serve(app) as guarded, httpx.AsyncClient(timeout=10.0) as client:
         response = await client.get(f"{guarded}/silent?id={request_id}")
-        took = time.monotonic() - started
     events = SSEDecoder().feed(response.content)
     assert [e.event for e in events] == ["message", "error"]
     assert "upstream_timeout" in events[-1].data
-    assert 0.3 <= took < 1.0
     assert (finally_dir / request_id).exists()  # the app's wait was cancelled
     (record,) = app.streams.finished
     assert record.meter.end_state == "upstream_timeout"
+    # Keep-alives do not reset the idle timer (3 intervals of 0.1 s in 0.3 s):
+    # not cut before two were written.
     assert record.meter.keepalives >= 2
 
 
@@ -486,64 +474,77 @@ async def test_an_event_over_the_limit_ends_the_stream_and_stops_the_app() -> No
 
 
 async def test_line_framed_streams_get_no_keepalives() -> None:
-    async def ndjson(scope: Any, receive: Any, send: Any) -> None:
+    # The NDJSON app stays quiet until an event stream of the same middleware,
+    # quiet since after it, has had two keep-alives.
+    witnessed = asyncio.Event()
+
+    async def app_of(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/witness":
+            await send(start("text/event-stream"))
+            await send(chunk(b"data: a\n\n"))
+            await witnessed.wait()
+            await send(chunk(b"data: b\n\n", more=False))
+            return
         await send(start("application/x-ndjson"))
         await send(chunk(b'{"response": "a"}\n'))
-        await asyncio.sleep(0.5)  # quiet for five keep-alive intervals
+        await witnessed.wait()
         await send(chunk(b'{"response": "b", "done": true}\n', more=False))
 
-    app = StreamWardenMiddleware(ndjson, keepalive_interval=0.1)
-    async with serve(app) as guarded, httpx.AsyncClient(timeout=5.0) as client:
-        response = await client.get(guarded + "/api/generate")
-    assert KEEPALIVE not in response.content
-    assert response.content == b'{"response": "a"}\n{"response": "b", "done": true}\n'
-    assert app.streams.finished[0].meter.end_state == "completed"
+    async def witness(client: httpx.AsyncClient, base: str) -> None:
+        async with client.stream("GET", base + "/witness") as stream:
+            seen = b""
+            async for part in stream.aiter_raw():
+                seen += part
+                if seen.count(KEEPALIVE) == 2:
+                    witnessed.set()
+
+    app = StreamWardenMiddleware(app_of, keepalive_interval=0.1)
+    async with serve(app) as guarded, httpx.AsyncClient(timeout=10.0) as client:
+        async with client.stream("GET", guarded + "/api/generate") as ndjson:
+            parts = ndjson.aiter_raw()
+            first = await anext(parts)  # the NDJSON stream is quiet from here on
+            await witness(client, guarded)
+            rest = b"".join([part async for part in parts])
+    response_content = first + rest
+    assert KEEPALIVE not in response_content
+    assert response_content == b'{"response": "a"}\n{"response": "b", "done": true}\n'
+    assert [r.meter.end_state for r in app.streams.finished] == ["completed", "completed"]
 
 
 async def test_a_client_that_stops_reading_is_cut_and_the_app_stopped() -> None:
     """The app is stuck in send() while the client reads nothing: without the
     middleware it stays stuck; with it, the keep-alive timer notices the write
-    has waited ``client_write_timeout`` and cancels the app."""
-    finished: dict[str, float] = {}
+    has waited ``client_write_timeout`` and cancels the app. Both apps meet
+    the same stalled client, the bare one first; the guarded one is cut while
+    the bare one, stalled longer, is still stuck."""
+    finished: set[str] = set()
 
     async def firehose(scope: Any, receive: Any, send: Any) -> None:
-        started = time.monotonic()
         await send(start("text/event-stream"))
         try:
             for _ in range(10_000):
                 await send(chunk(b"data: " + b"x" * 65536 + b"\n\n"))
         finally:
-            finished["after"] = time.monotonic() - started
+            finished.add(scope["path"])
 
-    async def stall_client(base: str) -> socket.socket:
+    async def stall_client(base: str, path: str) -> socket.socket:
         host, port = base.removeprefix("http://").split(":")
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-        sock.send(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        sock.send(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
         return sock
 
-    async def wait_finished(limit: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(limit):
-                while "after" not in finished:
-                    await asyncio.sleep(0.01)
-
-    async with serve(firehose) as plain:
-        sock = await stall_client(plain)
-        await wait_finished(1.5)
-        sock.close()
-        assert "after" not in finished  # still blocked in send()
-    finished.clear()
     app = StreamWardenMiddleware(firehose, keepalive_interval=0.2, client_write_timeout=0.3)
-    async with serve(app) as guarded:
-        sock = await stall_client(guarded)
-        await wait_finished(3.0)
-        sock.close()
-    assert "after" in finished
-    print(f"client stopped reading -> app stopped after {finished['after']:.2f}s")
-    assert finished["after"] < 0.2 + 0.3 + 0.5
+    async with serve(firehose) as plain, serve(app) as guarded:
+        bare_client = await stall_client(plain, "/bare")
+        # 640 MiB to a client that reads nothing: only a cut ends either app.
+        guarded_client = await stall_client(guarded, "/guarded")
+        await wait_for(lambda: "/guarded" in finished, what="the guarded app stopped")
+        assert "/bare" not in finished  # still blocked in send()
+        bare_client.close()
+        guarded_client.close()
     assert app.streams.finished[0].meter.end_state == "client_too_slow"
 
 
@@ -601,18 +602,18 @@ async def test_a_client_leaving_during_the_server_shutdown_stops_the_app_at_once
     await wait_for(lambda: not server.servers[0].is_serving(), what="uvicorn shutting down")
     assert not task.done()  # the open stream holds the shutdown
     sock.close()  # the client leaves during it
-    left = time.monotonic()
-    await asyncio.wait_for(task, 3)
-    assert time.monotonic() - left < 1.0  # not the 5 s graceful timeout
+    await asyncio.wait_for(task, 10)
     [record] = app.streams.finished
+    # Cancelled for its client, not cut by the graceful timeout (that is `shutdown`).
     assert record.meter.end_state == "client_cancelled"
 
 
 async def test_a_background_task_after_the_stream_is_left_alone() -> None:
+    stream_over = asyncio.Event()
     done = asyncio.Event()
 
     async def after() -> None:
-        await asyncio.sleep(0.3)  # still running well after the stream has ended
+        await stream_over.wait()  # still running after the stream has ended
         done.set()
 
     async def stream(request: Request) -> StreamingResponse:
@@ -627,7 +628,8 @@ async def test_a_background_task_after_the_stream_is_left_alone() -> None:
     app.add_middleware(StreamWardenMiddleware)
     async with serve(app) as guarded, httpx.AsyncClient(timeout=5.0) as client:
         response = await client.get(guarded + "/")
-        async with asyncio.timeout(2):
+        stream_over.set()  # the client has the whole body
+        async with asyncio.timeout(10):
             await done.wait()
     assert response.content == b"data: one\n\n"
     assert _middleware(app).streams.finished[0].meter.end_state == "completed"
