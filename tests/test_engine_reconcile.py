@@ -130,7 +130,7 @@ async def whole_stream(url: str, request_id: str) -> None:
             await response.read()
 
 
-async def test_an_engine_that_aborts_leaves_nothing_unseen_and_stops_within_100_ms(
+async def test_an_engine_that_aborts_leaves_nothing_unseen_and_nothing_after_the_cancel(
     engine: Callable[..., Awaitable[MockServer]], start_sidecar: StartSidecar
 ) -> None:
     model = await engine(tokens_per_second=50)
@@ -144,8 +144,9 @@ async def test_an_engine_that_aborts_leaves_nothing_unseen_and_stops_within_100_
         lambda: metric(sidecar, "streamwarden_engine_abort_seconds_count") == 1,
         what="the abort timed",
     )
-    abort = metric(sidecar, "streamwarden_engine_abort_seconds_sum")
-    assert abort < 0.1
+    # Timed, not given up on: the engine stopped, and generated nothing meanwhile.
+    assert metric(sidecar, "streamwarden_engine_abort_timeouts_total") == 0
+    assert metric(sidecar, "streamwarden_engine_tokens_after_cancel_total") == 0
     generated = sum(r.tokens_generated for r in model.stats.records)  # the mock's own count
     await wait_for(
         lambda: metric(sidecar, "streamwarden_engine_generated_tokens_total") >= generated,
@@ -184,7 +185,7 @@ async def test_an_engine_that_does_not_abort_shows_its_zombie_tokens_as_unseen(
         timeout=15,
         what="the abort timed",
     )
-    assert metric(sidecar, "streamwarden_engine_abort_seconds_sum") > 0.3  # 40+ tokens at 100/s
+    # Its stop came only after the rest of the answer, generated for nobody.
     assert metric(sidecar, "streamwarden_engine_tokens_after_cancel_total") >= 40
 
 
@@ -277,7 +278,8 @@ async def test_through_the_middleware_an_engine_that_aborts_leaves_nothing_unsee
             lambda: metric(middleware, "streamwarden_engine_abort_seconds_count") == 1,
             what="the abort timed",
         )
-        assert metric(middleware, "streamwarden_engine_abort_seconds_sum") < 0.1
+        assert metric(middleware, "streamwarden_engine_abort_timeouts_total") == 0
+        assert metric(middleware, "streamwarden_engine_tokens_after_cancel_total") == 0
         generated = sum(r.tokens_generated for r in model.stats.records)
         await wait_for(
             lambda: metric(middleware, "streamwarden_engine_generated_tokens_total") >= generated,
@@ -315,7 +317,6 @@ async def test_through_the_middleware_an_engine_that_does_not_abort_shows_its_zo
             timeout=15,
             what="the abort timed",
         )
-        assert metric(middleware, "streamwarden_engine_abort_seconds_sum") > 0.3
         assert metric(middleware, "streamwarden_engine_tokens_after_cancel_total") >= 40
 
 

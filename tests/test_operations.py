@@ -82,17 +82,19 @@ async def test_drain_lets_short_streams_finish_and_ends_long_ones_honestly(
     # The listener closes on the drain's first step (the close itself may land
     # a loop turn later).
     await wait_until(refused(sidecar.proxy_port), what="the listener closed")
-    started = time.monotonic()
     short_body, long_body = await asyncio.gather(short_task, long_task)
     await draining
     assert short_body.endswith(b"data: [DONE]\n\n")  # finished untouched
     assert b'"code":"shutting_down"' in long_body.rsplit(b"\n\n", 2)[-2]
-    assert 0.4 < time.monotonic() - started < 1.5
     records = {r.meter.end_state for r in sidecar.tracker.finished}
     assert records == {"completed", "shutdown"}
+    short_record = await mock.stats.wait_ended("short", timeout=2)
     long_record = await mock.stats.wait_ended("long", timeout=2)
-    assert long_record.closed_early  # its upstream was closed
-    assert long_record.tokens_generated < 200
+    # The drain waited for the short stream, then cut the long one (its 10 s
+    # answer cut short), in that order: neither at once nor at the long one's end.
+    assert long_record.closed_early and long_record.tokens_generated < 200
+    assert short_record.ended_at is not None and long_record.closed_at is not None
+    assert short_record.ended_at <= long_record.closed_at
 
 
 async def test_a_client_leaving_during_the_drain_ends_its_stream_and_the_drain_early(
@@ -108,14 +110,12 @@ async def test_a_client_leaving_during_the_drain_ends_its_stream_and_the_drain_e
         assert response.status == 200
         draining = asyncio.create_task(sidecar.drain())
         await wait_for(lambda: sidecar.draining, what="the drain started")
-        # The stimulus: a while in which a drain that nothing held would end.
-        await asyncio.sleep(0.1)
+        await wait_until(refused(sidecar.proxy_port), what="the drain past its first step")
         assert not draining.done()  # the silent stream holds the drain
         response.close()  # the client leaves during the shutdown
-        started = time.monotonic()
-        await asyncio.wait_for(draining, 2)
-    assert time.monotonic() - started < 1.0  # not the 5 s drain timeout
+        await asyncio.wait_for(draining, 10)
     [record] = sidecar.tracker.finished
+    # Cancelled for its client: the drain's timeout would have ended it as `shutdown`.
     assert record.meter.end_state == "client_cancelled"
     upstream = await mock.stats.wait_ended("left-in-drain", timeout=2)
     assert upstream.closed_early
@@ -207,16 +207,15 @@ async def test_sigterm_drains_then_exits_zero_within_the_drain_timeout(
     process, port, admin = sidecar_process
     stream = await stream_in_flight(mock, port, "drained")
     process.send_signal(signum)
-    signalled = time.monotonic()
     # 503 from the moment the process handles the signal, all through its drain.
     await wait_until(not_ready(admin), what="/readyz 503 after the signal")
     body = await stream
+    # Ended by the drain's timeout (its 20 s answer not over), then the exit.
     assert b'"code":"shutting_down"' in body
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(10):
         while process.poll() is None:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # polling the process's exit
     assert process.returncode == 0
-    assert time.monotonic() - signalled < 1.0 + 2.0  # drain_timeout + 2 s
 
 
 async def test_a_second_signal_ends_the_process_at_once(
@@ -227,11 +226,10 @@ async def test_a_second_signal_ends_the_process_at_once(
     process.send_signal(signal.SIGTERM)
     await wait_until(not_ready(admin), what="the drain started")
     process.send_signal(signal.SIGINT)
-    signalled = time.monotonic()
-    async with asyncio.timeout(3):
+    async with asyncio.timeout(10):
         while process.poll() is None:
-            await asyncio.sleep(0.01)
-    assert time.monotonic() - signalled < 0.5  # not the 1 s drain
+            await asyncio.sleep(0.01)  # polling the process's exit
+    # Cut, not drained: a drained stream ends cleanly with its shutting_down event.
     with pytest.raises(aiohttp.ClientError):
         await stream
 
