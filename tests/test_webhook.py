@@ -35,7 +35,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamwarden import webhook as webhook_module
+from streamwarden.tools import webhook as webhook_module
 from streamwarden.tools.inject import SKIPPED, InjectOptions, inject_object
 from streamwarden.tools.webhook import CertificateFiles, webhook_app
 from waiting import wait_until
