@@ -344,7 +344,8 @@ def _check_aiohttp() -> None:
     slots = set(getattr(RequestHandler, "__slots__", ()))
     missing = [
         name
-        for name in ("_request_count", "_current_request", "_messages", "_paused")
+        # _parser: the request parser, whose state says where a refusal hit (3.14 on).
+        for name in ("_request_count", "_current_request", "_messages", "_paused", "_parser")
         if name not in slots and name not in getattr(BaseProtocol, "__slots__", ())
     ]
     missing += [
@@ -364,8 +365,19 @@ def _check_aiohttp() -> None:
 
         raise ImportError(
             f"streamwarden.sidecar needs aiohttp internals missing from aiohttp "
-            f"{aiohttp.__version__}: {', '.join(missing)} (tested: >=3.10.6,<4)"
+            f"{aiohttp.__version__}: {', '.join(missing)} (tested: {_tested_aiohttp()})"
         )
+
+
+def _tested_aiohttp() -> str:
+    """The aiohttp range this install declares (pyproject.toml's, the one place it is kept)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        declared = requires("streamwarden") or []
+    except PackageNotFoundError:
+        return "see pyproject.toml"
+    return next((r.removeprefix("aiohttp") for r in declared if r.startswith("aiohttp")), "?")
 
 
 _check_aiohttp()
