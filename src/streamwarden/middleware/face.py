@@ -27,15 +27,13 @@ import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
-from streamwarden.features.engine.watch import EngineWatch
-from streamwarden.features.resume.service import ResumeService
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
 from streamwarden.middleware.resume import answer_resume
 from streamwarden.middleware.streams import FaceContext, Streams
 from streamwarden.observation.logs import log_unless_configured
 from streamwarden.observation.metrics import CONTENT_TYPE_LATEST, StreamMetrics
-from streamwarden.pipeline import FaceServices, Pipeline
+from streamwarden.pipeline.services import Services
 
 log = logging.getLogger("streamwarden.middleware")
 
@@ -66,32 +64,17 @@ class StreamWardenMiddleware:
             log.warning("%s: a sidecar-only setting; StreamWardenMiddleware does not use it", key)
         #: Streams in flight and the recently finished ones.
         self.streams = Streams()
-        self.metrics = StreamMetrics(active=lambda: len(self.streams.active))
+        #: Metrics, resumes, telemetry, the pipeline, the engine watch: as the settings say.
+        self.services: Services[object] = Services("middleware", self.settings, self.streams)
+        self.metrics = self.services.metrics
         #: Resumes and stops (``on_client_gone: detach``), answered before the app.
-        self.resume = (
-            ResumeService(self.settings, self.metrics)
-            if ResumeService.wanted(self.settings)
-            else None
-        )
+        self.resume = self.services.resume
         #: OpenTelemetry (otel_exporter): the otel extra, imported only when asked for.
-        self.telemetry = None
-        if self.settings.otel_exporter != "none":
-            from streamwarden.observation.telemetry import Telemetry
-
-            self.telemetry = Telemetry(self.settings, self.metrics.otel_errors.inc)
+        self.telemetry = self.services.telemetry
         self._context = FaceContext(
             settings=self.settings,
             streams=self.streams,
-            pipeline=Pipeline(
-                FaceServices(
-                    "middleware",
-                    self.settings,
-                    self.metrics,
-                    self.resume,
-                    self.metrics.inter_token.counts,
-                ),
-                self.streams,
-            ),
+            pipeline=self.services.pipeline,
             extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
             resume=self.resume,
             telemetry=self.telemetry,
@@ -100,18 +83,11 @@ class StreamWardenMiddleware:
         #: The inference engine's counters against this instance's streams
         #: (engine_metrics_url): started by the lifespan's startup, or by the
         #: first request when the server runs no lifespan; stopped by close().
-        pipeline = self._context.pipeline
-        self.engine_watch = (
-            EngineWatch(self.settings, pipeline.register, pipeline.on_open, self.metrics)
-            if self.settings.engine_metrics_url is not None
-            else None
-        )
+        self.engine_watch = self.services.engine_watch
         #: The watch is still to be started (a close before any start cancels it).
         self._engine_watch_pending = self.engine_watch is not None
         #: Something to start or stop with the lifespan (else it passes untouched).
-        self._runs_beside_the_app = any(
-            service is not None for service in (self.engine_watch, self.resume, self.telemetry)
-        )
+        self._runs_beside_the_app = self.services.run_beside
         #: What :meth:`close` does, once, whoever calls it first.
         self._closing: asyncio.Future[None] | None = None
 
@@ -175,14 +151,7 @@ class StreamWardenMiddleware:
 
     async def _stop_services(self) -> None:
         self._engine_watch_pending = False  # closed: no later request starts it
-        if self.engine_watch is not None:
-            await self.engine_watch.close()
-        if self.resume is not None:
-            await self.resume.close()
-        if self.telemetry is not None:
-            # A collector that is down must not hold the server's exit: 2 s,
-            # then the flushing thread is left, as the sidecar does.
-            await self.telemetry.shutdown_within(2.0)
+        await self.services.close()
 
 
 class MetricsEndpoint:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from streamwarden.core.filters import FilterSet
     from streamwarden.features.resume.service import ResumeService
     from streamwarden.observation.metrics import StreamMetrics
-    from streamwarden.observation.telemetry import RequestTrace
+    from streamwarden.observation.telemetry import RequestTrace, Telemetry
 
 __all__ = [
     "Face",
@@ -62,6 +62,8 @@ class FaceServices:
     resume: ResumeService | None = None
     #: The inter-token gap histogram's observer (metrics on), or None.
     gap_observer: GapObserver | None = None
+    #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
+    telemetry: Telemetry | None = None
 
 
 @dataclass(frozen=True, slots=True)

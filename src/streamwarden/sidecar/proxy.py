@@ -31,18 +31,15 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.headers import redact, redact_url
-from streamwarden.core.meter import GapObserver
 from streamwarden.core.plan import asks_for_stream, plan_response
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.core.usage import UsageRole
-from streamwarden.features.resume.service import ResumeService
 from streamwarden.net.upstream import (
     BodyTooLarge,
     ClientBodyBroken,
@@ -53,9 +50,8 @@ from streamwarden.net.upstream import (
     UpstreamPool,
     open_exchange,
 )
-from streamwarden.observation.metrics import StreamMetrics
 from streamwarden.observation.register import NO_SLOT, Slot
-from streamwarden.pipeline import FaceServices, Pipeline
+from streamwarden.pipeline.services import Services
 from streamwarden.sidecar.early import relay_early
 from streamwarden.sidecar.forwarding import (
     TRACE,
@@ -71,9 +67,6 @@ from streamwarden.sidecar.resume import answer_resume
 from streamwarden.sidecar.streaming import Streaming
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
-
-if TYPE_CHECKING:
-    from streamwarden.observation.telemetry import Telemetry
 
 __all__ = ["Proxy"]
 
@@ -91,9 +84,8 @@ class Proxy:
         self,
         settings: Settings,
         tracker: StreamTracker,
-        gap_observer: GapObserver | None = None,
+        services: Services[ActiveStream],
         websocket_listener: SessionListener | None = None,
-        metrics: StreamMetrics | None = None,
     ) -> None:
         #: How requests reach the upstream (a ValueError without one): its
         #: address, its credentials, the hops trusted.
@@ -108,21 +100,11 @@ class Proxy:
         self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
         self._routes: dict[str, ResolvedRoute] = {}
         #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
-        self.telemetry: Telemetry | None = None
-        if settings.otel_exporter != "none":
-            from streamwarden.observation.telemetry import (
-                Telemetry,  # the otel extra, only when asked for
-            )
-
-            on_error = metrics.otel_errors.inc if metrics is not None else None
-            self.telemetry = Telemetry(settings, on_error, own_process=True)
+        self.telemetry = services.telemetry
         #: Resumes and stops, when some route keeps its streams for a resume.
-        self.resume: ResumeService | None = None
-        if ResumeService.wanted(settings):
-            self.resume = ResumeService(settings, metrics)
+        self.resume = services.resume
         #: What runs on every stream, and where every stream ends.
-        services = FaceServices("sidecar", settings, metrics, self.resume, gap_observer)
-        self.pipeline: Pipeline[ActiveStream] = Pipeline(services, tracker)
+        self.pipeline = services.pipeline
         #: The streams, from their head to their record.
         self.streaming = Streaming(self.pipeline, tracker)
 
@@ -147,8 +129,6 @@ class Proxy:
         self._websockets = WebSocketRelay(
             connector, settings.keepalive_interval, self._websocket_listener
         )
-        if self.resume is not None:
-            await self.resume.start()
 
     async def close(self) -> None:
         await self.streaming.close()
@@ -158,12 +138,6 @@ class Proxy:
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
-        if self.resume is not None:
-            await self.resume.close()
-        if self.telemetry is not None:
-            # Flushes what is queued, but a collector that is down must not
-            # hold the exit past the drain: 2 s, then the thread is left.
-            await self.telemetry.shutdown_within(2.0)
 
     # -- the handler -----------------------------------------------------------
 

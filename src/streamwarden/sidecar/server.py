@@ -26,10 +26,10 @@ from yarl import URL
 from streamwarden._native import native_summary
 from streamwarden.config import Settings
 from streamwarden.core.headers import redact_url
-from streamwarden.features.engine.watch import EngineWatch
 from streamwarden.observation.live import recent_endings, stream_view
 from streamwarden.observation.logs import RateLimitedWarnings
-from streamwarden.observation.metrics import CONTENT_TYPE_LATEST, StreamMetrics
+from streamwarden.observation.metrics import CONTENT_TYPE_LATEST
+from streamwarden.pipeline.services import Services
 from streamwarden.sidecar.descriptors import (
     PROXY_BACKLOG,
     client_connection_budget,
@@ -38,7 +38,7 @@ from streamwarden.sidecar.descriptors import (
 )
 from streamwarden.sidecar.http import ClientConnections, GuardedServer
 from streamwarden.sidecar.proxy import Proxy
-from streamwarden.sidecar.streams import StreamTracker
+from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 
 __all__ = ["Sidecar", "run_sidecar"]
 
@@ -59,22 +59,17 @@ class Sidecar:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.tracker = StreamTracker()
-        self.metrics = StreamMetrics(active=lambda: len(self.tracker.active))
+        #: Metrics, resumes, telemetry, the pipeline, the engine watch: as the settings say.
+        self.services: Services[ActiveStream] = Services("sidecar", settings, self.tracker)
+        self.metrics = self.services.metrics
         self.proxy = Proxy(
             settings,
             self.tracker,
-            gap_observer=self.metrics.inter_token.counts,
+            self.services,
             websocket_listener=self.metrics.websocket_session,
-            metrics=self.metrics,
         )
         #: The inference engine's counters against the sidecar's (engine_metrics_url).
-        self.engine_watch = (
-            EngineWatch(
-                settings, self.proxy.pipeline.register, self.proxy.pipeline.on_open, self.metrics
-            )
-            if settings.engine_metrics_url is not None
-            else None
-        )
+        self.engine_watch = self.services.engine_watch
         self.draining = False
         self._proxy_runner: web.BaseRunner | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -110,8 +105,7 @@ class Sidecar:
 
     async def _start(self) -> None:
         await self.proxy.start()
-        if self.engine_watch is not None:
-            await self.engine_watch.start()
+        await self.services.start()
         admin = web.Application()
         admin.router.add_get("/metrics", self._metrics)
         admin.router.add_get("/healthz", self._healthz)
@@ -189,8 +183,8 @@ class Sidecar:
             await self._admin_runner.cleanup()
             self._admin_runner = None
         await self.proxy.close()
-        if self.engine_watch is not None:
-            await self.engine_watch.close()
+        # After the streams: their ends are written to the resume store.
+        await self.services.close()
 
     # -- admin -----------------------------------------------------------------
 
