@@ -42,6 +42,7 @@ from streamwarden.pipeline.stage import (
     Stage,
     StreamStart,
 )
+from streamwarden.pipeline.step import RequestStep
 from streamwarden.pipeline.telemetry import Telemetry
 from streamwarden.pipeline.usage import UsageTakeBack
 
@@ -80,7 +81,7 @@ class Pipeline(Generic[S]):
     ``ActiveStream``, the middleware's responder).
     """
 
-    __slots__ = ("end", "on_open", "register", "stages")
+    __slots__ = ("end", "on_open", "register", "stages", "step")
 
     def __init__(
         self,
@@ -93,6 +94,8 @@ class Pipeline(Generic[S]):
         built = (kind.build(services) for kind in (STAGES if stages is None else stages))
         #: The stages this face runs (those with something to do here).
         self.stages: tuple[Stage, ...] = tuple(stage for stage in built if stage is not None)
+        #: What the face does with each request before anything of it is forwarded.
+        self.step = RequestStep(services.settings, self.stages, register)
         #: Called with each stream's meter as it opens, once its stages have
         #: acted on it: the register's listeners see streams end, these see
         #: them begin (the engine watch counts the tokens of streams in flight

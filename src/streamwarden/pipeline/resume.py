@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from streamwarden.core.refusals import RefusalKind
 from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.features.resume.service import ResumeService
+from streamwarden.pipeline.request import Answer, AnswerWriter, IncomingRequest, Serve
 from streamwarden.pipeline.stage import FaceServices, PipelineStream, Stage, StreamStart
 
 __all__ = ["ResumeJournal"]
 
 
 class ResumeJournal(Stage):
+    """Journals a resumable route's streams, and answers their resumes and stops.
+
+    A resume is served from the store and never forwarded: forwarding it
+    would start a second generation.
+    """
+
     __slots__ = ("_service",)
 
     name = "resume"
@@ -55,3 +63,30 @@ class ResumeJournal(Stage):
         if journal is not None:
             relay.seal_journal()
             self._service.finished(journal, str(relay.end_state), relay.dialect)
+
+    # -- the request --------------------------------------------------------------
+
+    async def answer(self, request: IncomingRequest) -> Answer | Serve | None:
+        """A resume (``Last-Event-ID``) or an owner's ``DELETE`` of a resumable route's stream."""
+        route = request.route
+        if not route.resumable:
+            return None
+        service = self._service
+        # A face without a start hook of ours (an ASGI app) starts the store here.
+        await service.ensure_started()
+        headers, query = request.headers, request.query_string
+        asked = service.position(request.header("last-event-id"), query)
+        if request.method == "DELETE" and (
+            asked is not None or request.header(STREAM_ID_HEADER) is not None
+        ):
+            if await service.stop(headers, query, asked):
+                return Answer(204)
+            return Answer.refused(RefusalKind.UNKNOWN_STREAM)
+        if asked is None:
+            return None
+        path = request.path
+
+        async def serve(writer: AnswerWriter) -> object:
+            return await service.serve(asked, headers, query, path, route, writer)
+
+        return Serve(serve, route.client_write_timeout)

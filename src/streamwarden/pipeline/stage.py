@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from streamwarden.features.resume.service import ResumeService
     from streamwarden.observation.metrics import StreamMetrics
     from streamwarden.observation.telemetry import RequestTrace, Telemetry
+    from streamwarden.pipeline.request import Answer, Forward, IncomingRequest, Serve
 
 __all__ = [
     "Face",
@@ -212,3 +213,21 @@ class Stage:
 
     def closed(self, stream: PipelineStream, record: StreamRecord) -> None:
         """The stream's record is written."""
+
+    # -- the request, before any stream (the step: streamwarden.pipeline.step) --
+    #
+    # A request meets the stages before anything of it is forwarded: each
+    # stage's request hooks run only if it overrides them, and only if it
+    # is in the plan, so taking a stage's line out of the plan takes its
+    # answers away too.
+
+    def traced(self, request: IncomingRequest) -> RequestTrace | None:
+        """Open the request's spans (first thing, so they cover its whole answer)."""
+        return None
+
+    async def answer(self, request: IncomingRequest) -> Answer | Serve | None:
+        """Answer the request now, never forwarding it (a resume, a stop), or ``None``."""
+        return None
+
+    async def forwarding(self, request: IncomingRequest, forward: Forward) -> None:
+        """A request that asks for a stream, about to be sent on: act on it (rewrite its body)."""

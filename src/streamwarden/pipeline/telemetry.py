@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from streamwarden.core.meter import StreamRecord
+from streamwarden.pipeline.request import IncomingRequest
 from streamwarden.pipeline.stage import PipelineStream, Stage, StreamStart
+
+if TYPE_CHECKING:
+    from streamwarden.observation.telemetry import RequestTrace
 
 __all__ = ["Telemetry"]
 
@@ -28,3 +34,10 @@ class Telemetry(Stage):
         trace = stream.start.trace
         assert trace is not None
         trace.end(stream.start.status, record)
+
+    def traced(self, request: IncomingRequest) -> RequestTrace | None:
+        telemetry = self.services.telemetry
+        if telemetry is None:
+            return None
+        headers = {name.lower(): value for name, value in request.headers}
+        return telemetry.request(request.method, request.route.route, headers)

@@ -21,15 +21,24 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from streamwarden.config import Settings
+from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.headers import drop_hop_by_hop
+from streamwarden.core.refusals import RefusalKind
 from streamwarden.net.upstream import Origin, RequestBody, request_head
-from streamwarden.sidecar.injection import Rewritten
+from streamwarden.pipeline.request import IncomingRequest, RequestRefused, Rewrite
 
 if TYPE_CHECKING:
     from streamwarden.observation.telemetry import RequestTrace
 
-__all__ = ["TRACE", "Forwarding", "answer_continue", "idempotent", "trace_of"]
+__all__ = [
+    "TRACE",
+    "ClientBody",
+    "Forwarding",
+    "answer_continue",
+    "describe",
+    "idempotent",
+    "trace_of",
+]
 
 # Request headers that describe this hop's message framing or expectation,
 # rebuilt (or answered) by the sidecar itself.
@@ -143,7 +152,7 @@ class Forwarding:
         return any(address in network for network in self._trusted_networks)
 
     def body(
-        self, request: web.BaseRequest, start: bytes, rewritten: Rewritten | None = None
+        self, request: web.BaseRequest, start: bytes, rewritten: Rewrite | None = None
     ) -> RequestBody | None:
         """The request's body, from its first bytes (``start``) on, or the rewritten one."""
         if not request.body_exists:
@@ -164,7 +173,7 @@ class Forwarding:
         self,
         request: web.BaseRequest,
         body: RequestBody | None,
-        rewritten: Rewritten | None = None,
+        rewritten: Rewrite | None = None,
         length: int | None = None,
     ) -> bytes:
         """The request's head as the upstream gets it, framed for ``body``."""
@@ -192,3 +201,55 @@ async def answer_continue(request: web.BaseRequest) -> bool:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the response itself has not started
     return True
+
+
+class ClientBody:
+    """A client's request body, as the pipeline's request step reads it (a RequestBody)."""
+
+    __slots__ = ("_request", "_start")
+
+    #: The sidecar forwards the body itself: its first bytes are always read.
+    lazy = False
+
+    def __init__(self, request: web.BaseRequest) -> None:
+        self._request = request
+        self._start: bytes | None = None
+
+    async def start(self) -> bytes:
+        """Enough of the body to see ``"stream": true``; it is sent on unchanged."""
+        if self._start is None:
+            request = self._request
+            if "Expect" in request.headers and not await answer_continue(request):
+                raise RequestRefused(RefusalKind.EXPECTATION_FAILED)
+            self._start = await request.content.readany()
+        return self._start
+
+    async def read_on(self, start: bytes, limit: int) -> tuple[bytes, bool]:
+        """The body read on from ``start``, up to ``limit``: (bytes, whole)."""
+        parts = [start]
+        size = len(start)
+        content = self._request.content
+        while not content.at_eof() and size <= limit:
+            chunk = await content.readany()
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        whole = content.at_eof() and size <= limit
+        self._start = joined = b"".join(parts)
+        return joined, whole
+
+
+def describe(request: web.BaseRequest, route: ResolvedRoute) -> IncomingRequest:
+    """The request as the pipeline's request step sees it."""
+    return IncomingRequest(
+        request.method,
+        request.path,
+        request.raw_path,
+        request.rel_url.raw_query_string,
+        request.headers.items(),
+        route,
+        request.host,
+        request.content_length,
+        ClientBody(request) if request.body_exists else None,
+    )

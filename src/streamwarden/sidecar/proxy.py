@@ -37,7 +37,7 @@ from aiohttp import web
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.headers import redact, redact_url
-from streamwarden.core.plan import asks_for_stream, plan_response
+from streamwarden.core.plan import plan_response
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.core.usage import UsageRole
 from streamwarden.net.upstream import (
@@ -50,20 +50,15 @@ from streamwarden.net.upstream import (
     UpstreamPool,
     open_exchange,
 )
-from streamwarden.observation.register import NO_SLOT, Slot
+from streamwarden.observation.register import Slot
+from streamwarden.pipeline.request import Answer, IncomingRequest, Rewrite, Serve
 from streamwarden.pipeline.services import Services
 from streamwarden.sidecar.early import relay_early
-from streamwarden.sidecar.forwarding import (
-    TRACE,
-    Forwarding,
-    answer_continue,
-    idempotent,
-    trace_of,
-)
+from streamwarden.sidecar.forwarding import TRACE, Forwarding, describe, idempotent
 from streamwarden.sidecar.http import refuse
-from streamwarden.sidecar.injection import Rewritten, UsageInjector
+from streamwarden.sidecar.injection import look_into_refusal
 from streamwarden.sidecar.passthrough import pass_through
-from streamwarden.sidecar.resume import answer_resume
+from streamwarden.sidecar.resume import answered, serve
 from streamwarden.sidecar.streaming import Streaming
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_websocket
@@ -71,10 +66,6 @@ from streamwarden.sidecar.websocket import SessionListener, WebSocketRelay, is_w
 __all__ = ["Proxy"]
 
 log = logging.getLogger("streamwarden.proxy")
-
-#: Most request paths whose resolved settings are kept (past it: resolved
-#: per request, so a client inventing paths cannot grow the map).
-_ROUTES_KEPT = 256
 
 
 class Proxy:
@@ -97,14 +88,14 @@ class Proxy:
         self._extra_types = frozenset(t.lower() for t in settings.stream_media_types)
         self.pool: UpstreamPool | None = None
         self._websockets: WebSocketRelay | None = None
-        self._injector = UsageInjector(settings.usage_injection_max_body_bytes)
-        self._routes: dict[str, ResolvedRoute] = {}
         #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
         self.telemetry = services.telemetry
         #: Resumes and stops, when some route keeps its streams for a resume.
         self.resume = services.resume
         #: What runs on every stream, and where every stream ends.
         self.pipeline = services.pipeline
+        #: What is done with each request before anything of it is forwarded.
+        self.step = services.pipeline.step
         #: The streams, from their head to their record.
         self.streaming = Streaming(self.pipeline, tracker)
 
@@ -149,12 +140,13 @@ class Proxy:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The handler, with the request's OpenTelemetry spans around it."""
-        assert self.telemetry is not None
-        route = self.settings.for_path(request.path)
-        trace = self.telemetry.request(request.method, route.route, request.headers)
+        incoming = describe(request, self.step.route(request.path))
+        trace = self.step.traced(incoming)
+        if trace is None:  # no stage of the plan traces requests
+            return await self._handle(request, incoming)
         request[TRACE] = trace
         try:
-            response = await self._handle(request)
+            response = await self._handle(request, incoming)
         except asyncio.CancelledError:
             if not trace.streaming:
                 trace.end(499)  # the client left before its answer
@@ -167,7 +159,9 @@ class Proxy:
             trace.end(response.status)
         return response
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _handle(
+        self, request: web.BaseRequest, incoming: IncomingRequest | None = None
+    ) -> web.StreamResponse:
         started = asyncio.get_running_loop().time()
         refused = self._refused(request)
         if refused is not None:
@@ -176,60 +170,37 @@ class Proxy:
             assert self._websockets is not None
             url = self.forwarding.websocket_url(request)
             return await self._websockets.relay(request, url, self.forwarding.headers(request))
-        settings = self.settings
-        route = self._route(request.path)
-        stream_limit = settings.max_concurrent_streams
-        if route.resumable and self.resume is not None:
-            answered = await answer_resume(self.resume, self.tracker, request, route, stream_limit)
-            if answered is not None:
-                return answered
-        body_start = b""
-        if request.body_exists:
-            if "Expect" in request.headers and not await answer_continue(request):
-                return refuse(RefusalKind.EXPECTATION_FAILED)
-            # Enough of the body to see '"stream": true'; it is sent on unchanged.
-            body_start = await request.content.readany()
-        wants_stream = asks_for_stream(
-            request.headers.get("Accept"), request.query_string, body_start
-        )
-        trace = trace_of(request)
-        if trace is not None:
-            trace.named_model(body_start)
-        rewritten: Rewritten | None = None
-        usage: UsageRole = None
-        early = wants_stream and route.early_headers_after > 0
-        if wants_stream and not early:  # early: a refusal would already be an error event
-            body_start, rewritten, usage = await self._injector.inject(request, route, body_start)
-        body = self.forwarding.body(request, body_start, rewritten)
+        if incoming is None:
+            incoming = describe(request, self.step.route(request.path))
+        route = incoming.route
+        decision = await self.step.decide(incoming)
+        if isinstance(decision, Answer):
+            return answered(decision)
+        if isinstance(decision, Serve):
+            return await serve(request, decision)
+        wants_stream = decision.asks_for_stream
+        rewritten = decision.rewritten
+        body = self.forwarding.body(request, decision.body_start, rewritten)
         head = self.forwarding.head(request, body, rewritten)
-        slot = NO_SLOT
-        if wants_stream:
-            held = self.tracker.admit(stream_limit)
-            if held is None:
-                return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
-            slot = held
+        slot = decision.slot
         forward = self._forward(
-            request, head, body, route, started, slot, early=early, rewritten=rewritten, usage=usage
+            request,
+            head,
+            body,
+            route,
+            started,
+            slot,
+            early=wants_stream and route.early_headers_after > 0,
+            rewritten=rewritten,
+            usage=decision.usage,
         )
         # This frame lives as long as the stream: what was only for the
         # request (its head and body) is the forwarding's to let go of.
-        del head, body, body_start, rewritten
+        del head, body, rewritten, decision, incoming
         try:
             return await forward
         finally:
             slot.release()
-
-    def _route(self, path: str) -> ResolvedRoute:
-        """The path's settings: resolved once per path (a few hundred at most), then shared.
-
-        Each open stream held a copy of its own; they are frozen.
-        """
-        route = self._routes.get(path)
-        if route is None:
-            route = self.settings.for_path(path)
-            if len(self._routes) < _ROUTES_KEPT:
-                self._routes[path] = route
-        return route
 
     def _refused(self, request: web.BaseRequest) -> web.Response | None:
         """The refusal of a request that must not reach the upstream at all, or ``None``."""
@@ -259,7 +230,7 @@ class Proxy:
         slot: Slot,
         *,
         early: bool,
-        rewritten: Rewritten | None = None,
+        rewritten: Rewrite | None = None,
         usage: UsageRole = None,
     ) -> web.StreamResponse:
         """Send the request upstream and relay or copy back what it answers.
@@ -286,7 +257,7 @@ class Proxy:
                 # In this task: a task of its own would stay, done, for the stream.
                 exchange = await self._exchange(request, head, body)
             if rewritten is not None and exchange.head.status == 400:
-                refusal = await self._injector.look_into_refusal(exchange, rewritten)
+                refusal = await look_into_refusal(exchange, rewritten)
                 if refusal is not None:
                     return refusal.response()
                 original = self.forwarding.whole_body(rewritten.original)

@@ -1,11 +1,10 @@
-"""The sidecar's side of resumable streams: aiohttp requests to the resume service.
+"""The sidecar's answers from the pipeline: aiohttp responses for what it answers itself.
 
-Everything about a resume is :class:`~streamwarden.features.resume.service.ResumeService`'s;
-this module only routes a request on a resumable route (:func:`answer_resume`:
-a resume, an owner's stop, or neither), turns it into the service's
-inputs, and its answer into an aiohttp response. A resume is served from
-the store and never reaches the upstream: forwarding it would start a
-second generation.
+The pipeline's request step decides (:mod:`streamwarden.pipeline.step`):
+a whole answer (a refusal, an owner's stop) becomes an aiohttp response
+(:func:`answered`); a stream it writes (a resume, served from the store,
+never forwarded: that would start a second generation) is written through
+an aiohttp response (:func:`serve`).
 """
 
 from __future__ import annotations
@@ -15,18 +14,14 @@ import contextlib
 
 from aiohttp import web
 
-from streamwarden.config import ResolvedRoute
-from streamwarden.core.refusals import RefusalKind
-from streamwarden.features.resume.model import STREAM_ID_HEADER, Position
-from streamwarden.features.resume.service import ResumeService
-from streamwarden.sidecar.http import CLIENT_GONE, refuse
-from streamwarden.sidecar.streams import StreamTracker
+from streamwarden.pipeline.request import Answer, Serve
+from streamwarden.sidecar.http import CLIENT_GONE
 
-__all__ = ["answer_resume", "position", "serve_resume", "stop_stream"]
+__all__ = ["answered", "serve"]
 
 
 class _AiohttpAnswer:
-    """An :class:`~streamwarden.features.resume.service.Answer` over an aiohttp response."""
+    """An :class:`~streamwarden.pipeline.request.AnswerWriter` over an aiohttp response."""
 
     def __init__(self, request: web.BaseRequest, write_timeout: float) -> None:
         self.request = request
@@ -54,63 +49,22 @@ class _AiohttpAnswer:
             await self.response.write_eof()
 
 
-async def answer_resume(
-    service: ResumeService,
-    tracker: StreamTracker,
-    request: web.BaseRequest,
-    route: ResolvedRoute,
-    stream_limit: int,
-) -> web.StreamResponse | None:
-    """Answer a resume or a stop of a resumable route's stream; ``None`` for any other request.
-
-    A resume holds a ``max_concurrent_streams`` slot while it is served, as
-    the stream it resumes did.
-    """
-    asked = position(request)
-    if request.method == "DELETE" and (asked is not None or STREAM_ID_HEADER in request.headers):
-        return await stop_stream(service, request, asked)
-    if asked is None:
-        return None
-    held = tracker.admit(stream_limit)
-    if held is None:
-        return refuse(RefusalKind.TOO_MANY_STREAMS, limit=stream_limit)
-    try:
-        return await serve_resume(service, request, route, asked)
-    finally:
-        held.release()
+def answered(answer: Answer) -> web.Response:
+    """A whole answer (a refusal, a stop's ``204``) as an aiohttp response."""
+    response = web.Response(status=answer.status, body=answer.body or None)
+    for name, value in answer.headers:
+        response.headers[name] = value
+    return response
 
 
-def position(request: web.BaseRequest) -> Position | str | None:
-    """The position the request resumes from, if it is a resume."""
-    return ResumeService.position(request.headers.get("Last-Event-ID"), request.query_string)
-
-
-async def serve_resume(
-    service: ResumeService, request: web.BaseRequest, route: ResolvedRoute, asked: Position | str
-) -> web.StreamResponse:
-    """Answer a resume from the store; never forwarded upstream."""
-    answer = _AiohttpAnswer(request, route.client_write_timeout)
+async def serve(request: web.BaseRequest, served: Serve) -> web.StreamResponse:
+    """Write a stream the pipeline answers with (a resume) to the client."""
+    answer = _AiohttpAnswer(request, served.write_timeout)
     try:
         with contextlib.suppress(*CLIENT_GONE):
-            await service.serve(
-                asked,
-                request.headers.items(),
-                request.rel_url.raw_query_string,
-                request.path,
-                route,
-                answer,
-            )
+            await served.run(answer)
     except TimeoutError:
         # Too slow to read its replay: cut, as a slow client of a stream is.
         if request.transport is not None:
             request.transport.abort()
     return answer.response
-
-
-async def stop_stream(
-    service: ResumeService, request: web.BaseRequest, asked: Position | str | None
-) -> web.Response:
-    """``DELETE`` of a running stream by its owner: ``204``, else as if unknown."""
-    if await service.stop(request.headers.items(), request.rel_url.raw_query_string, asked):
-        return web.Response(status=204)
-    return refuse(RefusalKind.UNKNOWN_STREAM)
