@@ -18,6 +18,7 @@ from streamwarden.core.meter import StreamRecord
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.pipeline import STAGES, PipelineStream, Stage, StreamStart
 from streamwarden.pipeline.parity import parity_table
+from streamwarden.pipeline.resume import ResumeJournal
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
@@ -95,6 +96,42 @@ async def test_a_stage_left_out_of_the_plan_acts_in_neither(
             answer = await client.post(base + CHAT, json={"stream": True})
             assert "streamwarden-stream-id" not in answer.headers
             assert b"\nid: " not in answer.content and not answer.content.startswith(b"id:")
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["resume planned", "resume left out"])
+async def test_a_resume_is_answered_by_both_faces_only_while_its_stage_is_planned(
+    planned: bool, monkeypatch: pytest.MonkeyPatch, start_sidecar: StartSidecar
+) -> None:
+    """The plan's line is what answers a resume, in the sidecar and in the middleware alike."""
+    if not planned:
+        monkeypatch.setattr(pipeline, "STAGES", [s for s in STAGES if s is not ResumeJournal])
+    #: The Last-Event-ID of every request that reached the upstream or the app.
+    reached: list[str | None] = []
+
+    async def chat(request: Request) -> StreamingResponse:
+        reached.append(request.headers.get("last-event-id"))
+        return await _app_stream(request)
+
+    upstream = Starlette(routes=[Route(CHAT, chat, methods=["POST"])])
+    app = Starlette(routes=[Route(CHAT, chat, methods=["POST"])])
+    app.add_middleware(StreamWardenMiddleware, on_client_gone="detach")
+    async with (
+        serve_in_process(upstream) as upstream_url,
+        serve_in_process(app) as url,
+        httpx.AsyncClient() as client,
+    ):
+        sidecar = await start_sidecar(upstream_url, on_client_gone="detach")
+        for base in (sidecar.proxy_url, url):
+            # A position we never wrote: a resume all the same, never to be forwarded.
+            resumed = await client.post(
+                base + CHAT, json={"stream": True}, headers={"Last-Event-ID": "42"}
+            )
+            assert resumed.status_code == 200
+            if planned:
+                assert b"resume_expired" in resumed.content
+            else:
+                assert resumed.content == b"".join(EVENTS)
+    assert reached == ([] if planned else ["42", "42"])
 
 
 def test_the_readme_parity_table_is_generated_from_the_plan() -> None:

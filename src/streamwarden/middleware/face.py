@@ -29,7 +29,6 @@ from typing import Any, Protocol
 from streamwarden.config import SIDECAR_ONLY, load_settings
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
-from streamwarden.middleware.resume import answer_resume
 from streamwarden.middleware.streams import FaceContext, Streams
 from streamwarden.observation.logs import log_unless_configured
 from streamwarden.observation.metrics import CONTENT_TYPE_LATEST, StreamMetrics
@@ -67,7 +66,8 @@ class StreamWardenMiddleware:
         #: Metrics, resumes, telemetry, the pipeline, the engine watch: as the settings say.
         self.services: Services[object] = Services("middleware", self.settings, self.streams)
         self.metrics = self.services.metrics
-        #: Resumes and stops (``on_client_gone: detach``), answered before the app.
+        #: Resumes and stops (``on_client_gone: detach``), answered before the app
+        #: (by the pipeline's request step).
         self.resume = self.services.resume
         #: OpenTelemetry (otel_exporter): the otel extra, imported only when asked for.
         self.telemetry = self.services.telemetry
@@ -76,8 +76,6 @@ class StreamWardenMiddleware:
             streams=self.streams,
             pipeline=self.services.pipeline,
             extra_media_types=frozenset(t.lower() for t in self.settings.stream_media_types),
-            resume=self.resume,
-            telemetry=self.telemetry,
         )
         self._metrics_path = self.settings.metrics_path
         #: The inference engine's counters against this instance's streams
@@ -103,10 +101,8 @@ class StreamWardenMiddleware:
         if self._metrics_path is not None and scope.get("path") == self._metrics_path:
             await _serve_metrics(self.metrics, scope, send)
             return
-        if self.resume is not None and await answer_resume(
-            self.resume, self.settings, self._context.streams, scope, receive, send
-        ):
-            return  # a resume or a stop: answered from the store, never by the app
+        # Resumes and stops are answered from the store, never by the app: the
+        # responder's request step.
         await StreamResponder(self._context, scope, receive, send).run(self.app)
 
     def _following_lifespan(self, receive: Receive) -> Receive:

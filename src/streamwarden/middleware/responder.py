@@ -86,10 +86,17 @@ from streamwarden.middleware.body import AppBody
 from streamwarden.middleware.clock import StreamClock
 from streamwarden.middleware.early import EARLY_HEADERS, EARLY_START, EarlyAnswer, EarlyHead
 from streamwarden.middleware.inbox import Inbox
-from streamwarden.middleware.resume import scope_headers
+from streamwarden.middleware.resume import (
+    FirstMessage,
+    answer,
+    describe,
+    has_body,
+    scope_headers,
+)
 from streamwarden.middleware.streams import FaceContext
 from streamwarden.middleware.writer import ClientWriter
 from streamwarden.pipeline import PipelineStream, StreamStart
+from streamwarden.pipeline.request import Forward
 
 __all__ = ["StreamResponder"]
 
@@ -134,7 +141,7 @@ class StreamResponder:
         #: When the request arrived: the stream's TTFT and duration count from here.
         self._started_at = self._loop.time()
         self._phase = _Phase.WAITING
-        self._admission = Admission(context.streams, scope, inbox)
+        self._admission = Admission(scope, inbox)
         self._app_task = AppTask(self._loop)
         self._status = 200
         # Stream state, set when a stream starts.
@@ -155,23 +162,18 @@ class StreamResponder:
 
     async def run(self, app: ASGIApp) -> None:
         """Run the app for this request; return or raise as the app would have."""
-        admission = self._admission
-        admission.look_at_request(on_stream_asked=self._watch_early)
-        if not await admission.admit(
-            self._context.settings.max_concurrent_streams, self._server_send
-        ):
-            if self._early is not None:
-                self._early.cancel()  # refused: the app never runs
-            return
-        telemetry = self._context.telemetry
-        token = None
-        if telemetry is not None:
-            path: str = self._scope.get("path") or "/"
-            route = self._context.settings.for_path(path).route
-            headers = {name.lower(): value for name, value in scope_headers(self._scope)}
-            self._trace = telemetry.request(str(self._scope.get("method", "GET")), route, headers)
-            token = self._trace.activate()
+        step, scope = self._context.pipeline.step, self._scope
+        body = FirstMessage(self._inbox) if has_body(scope) else None
+        incoming = describe(scope, step.route(scope.get("path") or "/"), body)
+        self._trace = trace = step.traced(incoming)
+        token = None if trace is None else trace.activate()
         try:
+            decided = await step.decide(incoming)
+            if not isinstance(decided, Forward):  # a resume, a stop, a refusal: never the app
+                self._status = await answer(decided, self._inbox.receive, self._server_send)
+                return
+            first = None if body is None else body.first
+            self._admission.look_at_request(self._watch_early, decided, first)
             await self._run(app)
         except asyncio.CancelledError:
             self._status = 499 if self._phase is not _Phase.STREAMING else self._status
@@ -181,13 +183,13 @@ class StreamResponder:
                 self._status = 500
             raise
         finally:
-            admission.release()
+            self._admission.release()
             if self._early is not None:
                 self._early.cancel()
-            if self._trace is not None:
-                self._trace.deactivate(token)
+            if trace is not None:
+                trace.deactivate(token)
                 if self._phase is not _Phase.STREAMING:
-                    self._trace.end(self._status)
+                    trace.end(self._status)
 
     async def _run(self, app: ASGIApp) -> None:
         self._app_task.started()
@@ -286,8 +288,6 @@ class StreamResponder:
 
     async def _may_start(self, message: Message, route: ResolvedRoute, early: bool) -> bool:
         """Whether this start still opens the stream: an await lets the other start go first."""
-        if route.resumable and self._context.resume is not None:
-            await self._context.resume.ensure_started()  # the store's connection: I/O, ours
         if self._phase is not _Phase.WAITING:  # the early head, or the app, went first
             if not early:
                 await self._send(message)  # the app's start, judged after our early head

@@ -1,23 +1,23 @@
-"""The middleware's side of resumable streams: ASGI requests to the resume service.
+"""The middleware's side of the request step: the request described, the answers written.
 
-A resume or a stop never reaches the app: it is answered here, from the
-store, by :class:`~streamwarden.features.resume.service.ResumeService`, the same
-code the sidecar uses. This module only reads the ASGI scope and writes
-the ASGI messages.
+The pipeline's request step (:mod:`streamwarden.pipeline.step`) decides,
+before the app runs, whether the middleware answers a request itself: a
+whole answer (a refusal, an owner's stop) or a stream (a resume, served
+from the store, never by the app). This module reads the ASGI scope into
+the step's :class:`~streamwarden.pipeline.request.IncomingRequest` and
+writes its answers as ASGI messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from streamwarden.config import ResolvedRoute, Settings
-from streamwarden.core.refusals import RefusalKind
-from streamwarden.features.resume.model import STREAM_ID_HEADER, Position
-from streamwarden.features.resume.service import ResumeService
-from streamwarden.middleware._asgi import Receive, Scope, Send, send_refusal
-from streamwarden.observation.register import StreamRegister
+from streamwarden.config import ResolvedRoute
+from streamwarden.middleware._asgi import Message, Receive, Scope, Send
+from streamwarden.middleware.inbox import Inbox
+from streamwarden.pipeline.request import Answer, IncomingRequest, Serve
 
-__all__ = ["answer_resume", "scope_headers"]
+__all__ = ["FirstMessage", "answer", "describe", "has_body", "scope_headers"]
 
 
 def scope_headers(scope: Scope) -> list[tuple[str, str]]:
@@ -28,15 +28,74 @@ def scope_headers(scope: Scope) -> list[tuple[str, str]]:
     ]
 
 
+def has_body(scope: Scope) -> bool:
+    """Whether the request has a body (over HTTP/2 and 3 one needs no Content-Length)."""
+    if scope.get("http_version") not in ("1.0", "1.1"):
+        return True
+    for name, value in scope.get("headers") or ():
+        name = name.lower()
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return True
+    return False
+
+
+class FirstMessage:
+    """The app's request body, as the request step reads it (a RequestBody).
+
+    The app reads its own body: the step reads only its first message, and
+    only when a stream slot depends on it; the message is held for the
+    app's first ``receive()``.
+    """
+
+    __slots__ = ("_inbox", "_start", "first")
+
+    #: Read only when the step needs it.
+    lazy = True
+
+    def __init__(self, inbox: Inbox) -> None:
+        self._inbox = inbox
+        self._start: bytes | None = None
+        #: The body message read for the step, if one was.
+        self.first: Message | None = None
+
+    async def start(self) -> bytes:
+        if self._start is None:
+            message = await self._inbox.receive()
+            self._start = b""
+            if message.get("type") == "http.request":
+                self._inbox.hold(message)
+                self.first = message
+                self._start = bytes(message.get("body", b""))
+        return self._start
+
+    async def read_on(self, start: bytes, limit: int) -> tuple[bytes, bool]:
+        return start, False  # the rest is the app's to read
+
+
+def describe(scope: Scope, route: ResolvedRoute, body: FirstMessage | None) -> IncomingRequest:
+    """The request as the pipeline's request step sees it."""
+    path: str = scope.get("path") or "/"
+    query = scope.get("query_string", b"").decode("latin-1")
+    raw_path: bytes = scope.get("raw_path") or path.encode("utf-8")
+    target = raw_path.decode("latin-1") + ("?" + query if query else "")
+    headers = scope_headers(scope)
+    host = next((v for n, v in headers if n.lower() == "host"), "")
+    return IncomingRequest(
+        str(scope.get("method", "GET")), path, target, query, headers, route, host, None, body
+    )
+
+
 class _ASGIAnswer:
-    """An :class:`~streamwarden.features.resume.service.Answer` over ASGI ``send``."""
+    """An :class:`~streamwarden.pipeline.request.AnswerWriter` over ASGI ``send``."""
 
     def __init__(self, send: Send, write_timeout: float) -> None:
         self._send = send
         #: A client that takes no bytes for this long is cut (client_write_timeout).
         self._write_timeout = write_timeout or None
+        self.status = 200
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.status = status
         encoded = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
         await self._send({"type": "http.response.start", "status": status, "headers": encoded})
 
@@ -48,63 +107,21 @@ class _ASGIAnswer:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def answer_resume(
-    service: ResumeService,
-    settings: Settings,
-    streams: StreamRegister[object],
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-) -> bool:
-    """Answer the request if it is a resume or a stop on a resumable route; True if it was.
-
-    A resume is a stream like any other: it takes one of ``max_concurrent_streams``.
-    """
-    path: str = scope.get("path") or "/"
-    route = settings.for_path(path)
-    if not route.resumable:
-        return False
-    headers = scope_headers(scope)
-    last_event_id = next((v for n, v in headers if n.lower() == "last-event-id"), None)
-    query = scope.get("query_string", b"").decode("latin-1")
-    asked = service.position(last_event_id, query)
-    if scope.get("method") == "DELETE" and (
-        asked is not None or any(n.lower() == STREAM_ID_HEADER.lower() for n, _ in headers)
-    ):
-        await service.ensure_started()
-        if await service.stop(headers, query, asked):
-            await send({"type": "http.response.start", "status": 204, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
-        else:
-            await send_refusal(send, RefusalKind.UNKNOWN_STREAM)
-        return True
-    if asked is None:
-        return False
-    limit = settings.max_concurrent_streams
-    slot = streams.admit(limit)
-    if slot is None:
-        await send_refusal(send, RefusalKind.TOO_MANY_STREAMS, limit=limit)
-        return True
-    try:
-        await _serve(service, route, asked, headers, query, path, receive, send)
-    finally:
-        slot.release()
-    return True
+async def answer(decided: Answer | Serve, receive: Receive, send: Send) -> int:
+    """Write what the step answers with; the status the client got."""
+    if isinstance(decided, Serve):
+        return await _serve(decided, receive, send)
+    headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in decided.headers]
+    if decided.body:
+        headers.append((b"content-length", b"%d" % len(decided.body)))
+    await send({"type": "http.response.start", "status": decided.status, "headers": headers})
+    await send({"type": "http.response.body", "body": decided.body})
+    return decided.status
 
 
-async def _serve(
-    service: ResumeService,
-    route: ResolvedRoute,
-    asked: Position | str,
-    headers: list[tuple[str, str]],
-    query: str,
-    path: str,
-    receive: Receive,
-    send: Send,
-) -> None:
-    await service.ensure_started()
-    answer = _ASGIAnswer(send, route.client_write_timeout)
-    serving = asyncio.ensure_future(service.serve(asked, headers, query, path, route, answer))
+async def _serve(served: Serve, receive: Receive, send: Send) -> int:
+    answer = _ASGIAnswer(send, served.write_timeout)
+    serving = asyncio.ensure_future(served.run(answer))
     left = False
 
     async def watch() -> None:
@@ -127,3 +144,4 @@ async def _serve(
     finally:
         watcher.cancel()
         serving.cancel()
+    return answer.status

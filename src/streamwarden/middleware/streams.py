@@ -10,10 +10,8 @@ exactly once, when the stream ends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from streamwarden.config import Settings
-from streamwarden.features.resume.service import ResumeService
 from streamwarden.observation.register import Listener, StreamRegister
 from streamwarden.pipeline import Pipeline
 
@@ -34,7 +32,3 @@ class FaceContext:
     pipeline: Pipeline[object]
     #: ``settings.stream_media_types``, lower-cased, for the stream check.
     extra_media_types: frozenset[str] = field(default=frozenset())
-    #: Resumes and stops, when some route keeps its streams for a resume.
-    resume: ResumeService | None = None
-    #: OpenTelemetry spans and GenAI metrics (otel_exporter), or None.
-    telemetry: Any = None

@@ -5,9 +5,12 @@ module of its own:
 
 - what the upstream gets of the request (headers, head, body, ``Expect``,
   trusted hops): :mod:`~streamwarden.sidecar.forwarding`;
-- a resume or an owner's stop, answered from the store and never
-  forwarded: :mod:`~streamwarden.sidecar.resume`;
-- usage injection's request side: :mod:`~streamwarden.sidecar.injection`;
+- what is done with a request before anything of it is forwarded (a
+  resume or an owner's stop answered from the store, the request's spans,
+  usage injection's rewrite, the ``max_concurrent_streams`` slot): the
+  pipeline's request step (:mod:`streamwarden.pipeline.step`), whose
+  answers :mod:`~streamwarden.sidecar.resume` writes;
+- an upstream's ``400`` to a rewritten request: :mod:`~streamwarden.sidecar.injection`;
 - the upstream client: :mod:`~streamwarden.net.upstream`;
 - what the upstream answers, as the response's stream plan
   (:mod:`streamwarden.core.plan`) decides: a stream goes through
