@@ -35,6 +35,8 @@ COMPILED = [
     "streamwarden/core/meter.py",
     "streamwarden/core/inflate.py",
     "streamwarden/core/relay.py",
+    "streamwarden/core/endings.py",
+    "streamwarden/core/calls.py",
     "streamwarden/core/toolcalls.py",
     "streamwarden/core/dialects/__init__.py",
     "streamwarden/core/dialects/base.py",
@@ -46,6 +48,10 @@ COMPILED = [
     "streamwarden/core/dialects/openai_responses.py",
     "streamwarden/core/dialects/vercel_ai.py",
     "streamwarden/net/upstream.py",
+    # The stages' transforms: the path of every event of a stream that has them.
+    "streamwarden/pipeline/holdback.py",
+    "streamwarden/pipeline/takeback.py",
+    "streamwarden/pipeline/stamping.py",
     "streamwarden/sidecar/channel.py",
     "streamwarden/sidecar/driver.py",
 ]

@@ -43,6 +43,7 @@ from typing import Any
 from bench.fixtures import long_openai_stream
 from streamwarden.core.filters import FilterRule, compile_filters
 from streamwarden.core.relay import Limits, Relay
+from streamwarden.pipeline.transforms import with_transforms
 
 _BUILTINS = (
     FilterRule("builtin", "secrets", "redact", "secrets"),
@@ -51,13 +52,15 @@ _BUILTINS = (
 
 
 def _one_pass(reads: list[bytes], filtered: bool) -> float:
-    relay = Relay(
-        Limits(15.0, 60.0, 1800.0, 8 << 20),
-        started_at=0.0,
-        now=0.0,
-        path="/v1/chat/completions",
-        content_type="text/event-stream",
-        headers={},
+    relay = with_transforms(
+        Relay(
+            Limits(15.0, 60.0, 1800.0, 8 << 20),
+            started_at=0.0,
+            now=0.0,
+            path="/v1/chat/completions",
+            content_type="text/event-stream",
+            headers={},
+        ),
         filters=compile_filters(_BUILTINS, False) if filtered else None,
     )
     start = time.perf_counter()

@@ -15,6 +15,7 @@ from streamwarden.core.dialects.gemini import Gemini
 from streamwarden.core.filters import FilterRule, FilterSet, compile_filters
 from streamwarden.core.relay import ErrorCode, Limits, Relay
 from streamwarden.core.sse import Event, LineFramer, SSEDecoder, SSEFramer
+from streamwarden.pipeline.transforms import with_transforms
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((STREAMS / "manifest.json").read_text())
@@ -32,14 +33,16 @@ def fixture(name: str) -> bytes:
 
 def relay_for(name: str, setting: str = "auto", filters: FilterSet | None = None) -> Relay:
     entry = MANIFEST[name]
-    return Relay(
-        LIMITS,
-        started_at=0.0,
-        now=0.0,
-        path=entry["request_path"],
-        content_type=entry["content_type"],
-        headers=entry["headers"],
-        dialect=setting,
+    return with_transforms(
+        Relay(
+            LIMITS,
+            started_at=0.0,
+            now=0.0,
+            path=entry["request_path"],
+            content_type=entry["content_type"],
+            headers=entry["headers"],
+            dialect=setting,
+        ),
         filters=filters,
     )
 

@@ -27,6 +27,7 @@ from streamwarden.core.meter import EndState
 from streamwarden.core.relay import KEEPALIVE, Limits, Relay
 from streamwarden.core.sse import LineFramer, SSEDecoder, SSEFramer
 from streamwarden.core.usage import TakeBack, UsageRole
+from streamwarden.pipeline.transforms import with_transforms
 
 SECRET = "sk-proj-Q7eXg9TzK2mLw4RbN8vYc1HdJ"  # the shape of an OpenAI key, not a key
 CARD = "4111 1111 1111 1111"  # the classic Luhn-valid test number
@@ -152,13 +153,15 @@ def relay(
     usage: UsageRole = None,
 ) -> Relay:
     _, path, content_type, headers = DIALECTS[dialect]
-    return Relay(
-        LIMITS,
-        started_at=0.0,
-        now=0.0,
-        path=path,
-        content_type=content_type,
-        headers=headers,
+    return with_transforms(
+        Relay(
+            LIMITS,
+            started_at=0.0,
+            now=0.0,
+            path=path,
+            content_type=content_type,
+            headers=headers,
+        ),
         filters=compile_filters(rules, tools),
         usage=usage,
     )
@@ -509,8 +512,7 @@ def test_the_journal_keeps_what_the_client_gets_redacted_and_in_order(detached: 
     from streamwarden.features.resume.model import Journal
 
     sink = _Sink()
-    r = relay("openai-chat", REDACT)
-    r.journal = Journal("s1", sink)
+    r = with_transforms(relay("openai-chat", REDACT), journal=Journal("s1", sink))
     events = _events_of(openai_chat(split_secret(TEXT, SECRET, 3)), "openai-chat")
     if detached:  # the client left: the stream runs on into its journal for a resume
         r.client_gone(0.5, detach_until=100.0)
@@ -535,14 +537,16 @@ _MANIFEST: dict[str, dict[str, Any]] = json.loads((_STREAMS / "manifest.json").r
 
 def _recorded_relay(name: str, rules: tuple[FilterRule, ...], tools: bool) -> Relay:
     entry = _MANIFEST[name]
-    return Relay(
-        LIMITS,
-        started_at=0.0,
-        now=0.0,
-        path=entry["request_path"],
-        content_type=entry["content_type"],
-        headers=entry["headers"],
-        framing=entry["framing"],
+    return with_transforms(
+        Relay(
+            LIMITS,
+            started_at=0.0,
+            now=0.0,
+            path=entry["request_path"],
+            content_type=entry["content_type"],
+            headers=entry["headers"],
+            framing=entry["framing"],
+        ),
         filters=compile_filters(rules, tools),
     )
 
@@ -608,13 +612,15 @@ def test_a_literal_in_a_recorded_answer_is_redacted_and_tool_arguments_only_when
 
 def test_events_held_past_max_event_bytes_end_the_stream_closed() -> None:
     limits = Limits(15.0, 60.0, 1800.0, 4096)
-    r = Relay(
-        limits,
-        started_at=0.0,
-        now=0.0,
-        path="/v1/chat/completions",
-        content_type="text/event-stream",
-        headers={},
+    r = with_transforms(
+        Relay(
+            limits,
+            started_at=0.0,
+            now=0.0,
+            path="/v1/chat/completions",
+            content_type="text/event-stream",
+            headers={},
+        ),
         filters=compile_filters(REDACT, False),
     )
     held = openai_chat(["the key sk-"])[: -len(b"data: [DONE]\n\n")]

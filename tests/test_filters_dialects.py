@@ -21,6 +21,7 @@ from streamwarden.core.filters import REDACTED, FilterRule, compile_filters
 from streamwarden.core.meter import EndState
 from streamwarden.core.relay import Relay
 from streamwarden.core.sse import SSEDecoder
+from streamwarden.pipeline.transforms import with_transforms
 from streamwarden.sidecar import Sidecar
 from test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
 
@@ -36,13 +37,15 @@ def _pieces_in(out: bytes, secret: str) -> list[str]:
 
 
 def _relay(headers: dict[str, str], content_type: str, path: str, rules: Any, tools: bool) -> Relay:
-    return Relay(
-        LIMITS,
-        started_at=0.0,
-        now=0.0,
-        path=path,
-        content_type=content_type,
-        headers=headers,
+    return with_transforms(
+        Relay(
+            LIMITS,
+            started_at=0.0,
+            now=0.0,
+            path=path,
+            content_type=content_type,
+            headers=headers,
+        ),
         filters=compile_filters(rules, tools),
     )
 

@@ -16,6 +16,7 @@ import pytest
 from streamwarden.core.filters import REDACTED, FilterError, FilterRule, Holdback, compile_filters
 from streamwarden.core.meter import EndState
 from streamwarden.core.relay import Limits, Relay
+from streamwarden.pipeline.transforms import with_transforms
 
 LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
 CARDS = (FilterRule("builtin", "cards", "redact", "cards"),)
@@ -27,13 +28,15 @@ def _event(piece: str) -> bytes:
 
 
 def _relay(rules: tuple[FilterRule, ...]) -> Relay:
-    return Relay(
-        LIMITS,
-        started_at=0.0,
-        now=0.0,
-        path="/v1/chat/completions",
-        content_type="text/event-stream",
-        headers={},
+    return with_transforms(
+        Relay(
+            LIMITS,
+            started_at=0.0,
+            now=0.0,
+            path="/v1/chat/completions",
+            content_type="text/event-stream",
+            headers={},
+        ),
         filters=compile_filters(rules, False),
     )
 

@@ -38,6 +38,7 @@ from streamwarden.observation.logs import STREAM_LOGGER
 from streamwarden.observation.metrics import StreamMetrics
 from streamwarden.observation.register import StreamRegister
 from streamwarden.pipeline import FaceServices, Pipeline, StreamStart
+from streamwarden.pipeline.stamping import JournalStamps
 from streamwarden.sidecar import Sidecar
 from test_resume import KEY, read_events
 from waiting import wait_for
@@ -322,8 +323,9 @@ def test_a_journal_that_fails_at_the_end_still_leaves_the_register_and_the_gauge
         StreamStart("middleware", route, plan, "POST", CHAT, 200, (), {}, 0.0, 0.0)
     )
     relay = flow.relay
-    assert relay.journal is not None  # the resume stage ran
-    relay.journal = Journal("a" * 32, BrokenStore())
+    stamps = flow.transform_of(JournalStamps)
+    assert stamps is not None  # the resume stage ran
+    stamps.journal = Journal("a" * 32, BrokenStore())
     register.open("the stream")
     relay.client_gone(1.0, detach_until=2.0)
     flow.counted_detached = pipeline.end.count_detached(relay)

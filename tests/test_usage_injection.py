@@ -29,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamwarden.core.usage import INCLUDE_USAGE
+from streamwarden.pipeline.transforms import with_transforms
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from transparency_cases import BODIES_SENT_UNCHANGED as UNCHANGED
@@ -389,13 +390,15 @@ def test_a_usage_only_chunk_without_a_completion_count_is_hidden_too() -> None:
     from streamwarden.core.relay import Limits, Relay
     from streamwarden.core.usage import TakeBack
 
-    relay = Relay(
-        Limits(15.0, 60.0, 1800.0, 1 << 20),
-        started_at=0.0,
-        now=0.0,
-        path=CHAT,
-        content_type="text/event-stream",
-        headers={},
+    relay = with_transforms(
+        Relay(
+            Limits(15.0, 60.0, 1800.0, 1 << 20),
+            started_at=0.0,
+            now=0.0,
+            path=CHAT,
+            content_type="text/event-stream",
+            headers={},
+        ),
         usage=TakeBack(),
     )
     assert relay.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\n', 0.1) == b""

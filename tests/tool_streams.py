@@ -18,6 +18,7 @@ from sse_reference import reference_decode
 from streamwarden.core.filters import FilterSet
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import Event
+from streamwarden.pipeline.transforms import with_transforms
 from streamwarden.tools.mock.formats import WIRE_FORMATS, Answer, Frame
 from streamwarden.tools.mock.tokens import TOOL_NAME, tool_call_fragments
 
@@ -94,13 +95,15 @@ class ToolStream:
 
     def relay(self, limits: Limits = LIMITS, filters: FilterSet | None = None) -> Relay:
         headers = self.headers()
-        return Relay(
-            limits,
-            started_at=0.0,
-            now=0.0,
-            path=self.path,
-            content_type=headers["content-type"],
-            headers=headers,
+        return with_transforms(
+            Relay(
+                limits,
+                started_at=0.0,
+                now=0.0,
+                path=self.path,
+                content_type=headers["content-type"],
+                headers=headers,
+            ),
             filters=filters,
         )
 

@@ -1,7 +1,8 @@
 """The per-stream state machine that both faces drive, with no I/O.
 
 A face (the aiohttp sidecar, the ASGI middleware) creates one
-:class:`Relay` per streamed response and moves bytes and time through it:
+:class:`Relay` per streamed response (through the pipeline) and moves
+bytes and time through it:
 
 - upstream bytes in (``feed``), upstream end or break (``upstream_eof``,
   ``upstream_failed``), the client leaving or stalling (``client_gone``,
@@ -16,149 +17,54 @@ event. Once ``done`` is true the face finishes the client response cleanly
 and closes the upstream. The relay decides the end state (exactly one per
 stream) and records everything in its :class:`~streamwarden.core.meter.StreamMeter`.
 
-Every rule about how a stream ends lives here: which failures produce an
-error event, with which code, and that a stream whose terminal event was
-already delivered is complete whatever happens afterwards.
+Every rule about when a stream ends lives here (what each ending says is
+:mod:`streamwarden.core.endings`): which failures produce an error event,
+and that a stream whose terminal event was already delivered is complete
+whatever happens afterwards. Tool calls are checked on the way out
+(:mod:`streamwarden.core.calls`): they are part of an honest ending.
 
-On a route with output filters, events go through a
-:class:`~streamwarden.core.filters.Holdback` on their way out: an event whose
-text could begin a match waits (whole, with the events behind it) until
-the match is ruled out or made, and a redacted event is re-serialised by
-its dialect with only its text changed. Keep-alives still go out between
-whole events, and the journal and the meter see the events as the client
-gets them, when it gets them. A summary event that repeats whole texts
-(the Responses API's ``*.done`` events) has each of them filtered on its
-own, in one piece, never as more of the stream's text. A route without
-filters takes none of this path.
-
-Tool calls (:mod:`streamwarden.core.toolcalls`): what a dialect reads of its
-tool calls is followed to each call's close. A close whose arguments are
-not a JSON object is replaced by ``tool_call_invalid`` (it is checked
-before it is written: nothing after it reaches the client), and arguments
-held past ``max_tool_arguments_bytes``, or nested past
-``max_tool_arguments_depth``, end the stream ``tool_call_too_large`` in
-place of the event that went over. A stream that ends for any other reason
-while a call is open says ``tool_call_truncated`` instead of its own code
-(its end state stays its own), and names every call it broke. An output
-filter's ``content_blocked`` keeps its code.
+Every frame takes one path (:meth:`Relay._forward`): the dialect reads it,
+the relay keeps its books (usage, terminal, errors, tool calls), and then,
+on a stream whose stages gave it :class:`~streamwarden.core.transform.EventTransform`
+objects (output filters, usage take-back, the resume journal), it goes
+through them in the plan's order before it is written; the meter counts
+the text of what leaves them, when it leaves. A plain stream has none:
+its frames go out as they came.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
+from streamwarden.core.calls import CallCheck
 from streamwarden.core.dialects import (
     NOTHING,
     Dialect,
     Framing,
-    Observation,
     detect,
     sniff,
     stream_framing,
 )
-from streamwarden.core.dialects.base import DecodedJSON, read_as_text
-from streamwarden.core.filters import (
-    FilterRule,
-    FilterSet,
-    Holdback,
-    Released,
-    apply_cuts,
+from streamwarden.core.endings import (
+    BEFORE_TERMINAL,
+    ENDINGS,
+    KEEP_CODE,
+    NESTED_TOO_DEEP,
+    TRUNCATED_INSIDE,
+    ErrorCode,
 )
-from streamwarden.core.journal import Journal, strip_ids
 from streamwarden.core.meter import EndState, GapObserver, StreamMeter
 from streamwarden.core.refusals import refusal_body
-from streamwarden.core.sse import Event, EventTooLarge, Frame, LineFramer, SSEFramer, with_data
-from streamwarden.core.toolcalls import (
-    DEPTH,
-    INVALID,
-    LISTED,
-    TOO_LARGE,
-    ToolCall,
-    ToolCalls,
-    starts_calls,
-)
-from streamwarden.core.usage import HabitWatch, TakeBack, UsageRole, without_usage_null
+from streamwarden.core.sse import EventTooLarge, Frame, LineFramer, SSEFramer
+from streamwarden.core.toolcalls import DEPTH, ToolCall
+from streamwarden.core.transform import EventTransform, Passing, Stop
 
 __all__ = ["KEEPALIVE", "ErrorCode", "Limits", "Relay", "refusal_body"]
 
 #: The comment frame written while the upstream is quiet. Only ever written
 #: between two whole events, so it can never split one.
 KEEPALIVE = b": keep-alive\n\n"
-
-
-class ErrorCode(StrEnum):
-    """Machine-readable codes of synthesized error events."""
-
-    STREAM_TRUNCATED = "stream_truncated"
-    UPSTREAM_ERROR = "upstream_error"
-    UPSTREAM_TIMEOUT = "upstream_timeout"
-    DURATION_EXCEEDED = "duration_exceeded"
-    EVENT_TOO_LARGE = "event_too_large"
-    SHUTTING_DOWN = "shutting_down"
-    CONTENT_BLOCKED = "content_blocked"
-    # A tool call's arguments: cut, closed broken, over max_tool_arguments_bytes.
-    TOOL_CALL_TRUNCATED = "tool_call_truncated"
-    TOOL_CALL_INVALID = "tool_call_invalid"
-    TOOL_CALL_TOO_LARGE = "tool_call_too_large"
-    # Answers to a resume (no stream is relayed: see streamwarden.features.resume.model).
-    RESUME_EXPIRED = "resume_expired"
-    RESUME_GAP = "resume_gap"
-    RESUME_UNAVAILABLE = "resume_unavailable"
-
-
-# What each code means for the stream's end state, and what the client is told.
-_ENDINGS: dict[ErrorCode, tuple[EndState, str]] = {
-    ErrorCode.STREAM_TRUNCATED: (
-        EndState.UPSTREAM_TRUNCATED,
-        "the upstream ended the stream without {terminal}",
-    ),
-    ErrorCode.UPSTREAM_ERROR: (EndState.UPSTREAM_ERROR, "the upstream broke off the stream"),
-    ErrorCode.UPSTREAM_TIMEOUT: (
-        EndState.UPSTREAM_TIMEOUT,
-        "the upstream sent nothing for {idle:g}s",
-    ),
-    ErrorCode.DURATION_EXCEEDED: (
-        EndState.LIMIT_EXCEEDED,
-        "the stream reached its maximum duration of {duration:g}s",
-    ),
-    ErrorCode.EVENT_TOO_LARGE: (
-        EndState.LIMIT_EXCEEDED,
-        "an upstream event exceeded the limit of {event_bytes} bytes",
-    ),
-    ErrorCode.SHUTTING_DOWN: (EndState.SHUTDOWN, "the proxy is shutting down"),
-    ErrorCode.CONTENT_BLOCKED: (EndState.BLOCKED, "an output filter blocked the answer"),
-    # (Their reasons name the call: see _tool_failure and _inside_call.)
-    ErrorCode.TOOL_CALL_TRUNCATED: (EndState.UPSTREAM_TRUNCATED, "a tool call was cut"),
-    ErrorCode.TOOL_CALL_INVALID: (EndState.UPSTREAM_ERROR, "a tool call was closed broken"),
-    ErrorCode.TOOL_CALL_TOO_LARGE: (EndState.LIMIT_EXCEEDED, "a tool call was too large"),
-}
-# The codes a call still open turns into tool_call_truncated: every ending but
-# a filter's block (which says more) and the tool calls' own.
-_KEEP_CODE = frozenset(
-    {
-        ErrorCode.CONTENT_BLOCKED,
-        ErrorCode.TOOL_CALL_TRUNCATED,
-        ErrorCode.TOOL_CALL_INVALID,
-        ErrorCode.TOOL_CALL_TOO_LARGE,
-    }
-)
-# What a resumed client is told of a stream whose end wrote no error event.
-_SEALS: dict[EndState, tuple[ErrorCode, str]] = {
-    EndState.DETACHED_EXPIRED: (
-        ErrorCode.RESUME_EXPIRED,
-        "the stream was closed: nobody resumed it within resume_window",
-    ),
-    EndState.CLIENT_CANCELLED: (ErrorCode.RESUME_EXPIRED, "the stream was stopped"),
-    EndState.SHUTDOWN: (ErrorCode.SHUTTING_DOWN, "the proxy shut down"),
-}
-_SEAL_OTHER = (ErrorCode.UPSTREAM_ERROR, "the stream ended before its answer")
-# A truncation inside a block or line says so: for a dialect with no terminal
-# event that is the whole story, for the others it comes before the terminal.
-_TRUNCATED_INSIDE = "the upstream ended the stream inside an unfinished {unit}"
-_BEFORE_TERMINAL = ", before {terminal}"
-_NESTED_TOO_DEEP = "an upstream event nested deeper than the proxy reads"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,27 +89,22 @@ class Relay:
     """One streamed response on its way from the upstream to the client."""
 
     __slots__ = (
+        "_calls",
         "_client_gone",
         "_detach_deadline",
         "_dialect",
         "_drain_deadline",
         "_draining_for_meter",
-        "_filters",
         "_framer",
         "_framing",
-        "_holdback",
         "_last_upstream",
         "_last_write",
         "_limits",
         "_provisional",
-        "_take_usage_chunk",
-        "_take_usage_null",
         "_terminal_seen",
-        "_tools",
-        "_unwritable",
-        "_usage_watch",
-        "journal",
         "meter",
+        "resumable",
+        "transforms",
     )
 
     def __init__(
@@ -218,15 +119,8 @@ class Relay:
         dialect: str = "auto",
         gap_observer: GapObserver | None = None,
         framing: Framing | None = None,
-        journal: Journal | None = None,
-        usage: UsageRole = None,
-        filters: FilterSet | None = None,
     ) -> None:
         self._limits = limits
-        # Usage injection: what to take back of it, or the habit to watch.
-        self._take_usage_chunk, self._take_usage_null, self._usage_watch = _usage_parts(usage)
-        #: On a resumable route: numbers and stores every event (ids stamped).
-        self.journal = journal
         # The faces pass the framing their stream plan decided (it knows the
         # configured extra media types); on its own the relay works it out.
         self._framing: Framing = framing or stream_framing(content_type, headers) or "sse"
@@ -241,6 +135,13 @@ class Relay:
             else LineFramer(limits.max_event_bytes)
         )
         self.meter = StreamMeter(started_at, gap_observer)
+        self._calls = CallCheck(
+            self.meter, limits.max_tool_arguments_bytes, limits.max_tool_arguments_depth
+        )
+        #: The stream's stages' transforms, in the plan's order (none: a plain stream).
+        self.transforms: tuple[EventTransform, ...] = ()
+        #: A journal records the stream: a gone client may resume it (detach).
+        self.resumable = False
         # The response headers went out just now: keep-alives count from here.
         self._last_write = now
         self._last_upstream = now
@@ -252,17 +153,6 @@ class Relay:
         # on_client_gone: detach: the client left, the stream runs on into
         # its journal until this time unless someone resumes it.
         self._detach_deadline: float | None = None
-        #: The route's output filters, and this stream's matcher (None: no filters).
-        self._filters = filters
-        self._holdback: Holdback[_Waiting] | None = None
-        #: The stream's tool calls, from the first step of one (None: none yet).
-        self._tools: ToolCalls | None = None
-        #: An event the filters changed could not be written again (hostile
-        #: data: a lone surrogate, nesting past the parser): fail closed.
-        self._unwritable = False
-        if filters is not None:
-            self._holdback = filters.holdback(limits.max_event_bytes)
-            self.meter.filters = self._holdback.stats
 
     # -- state ---------------------------------------------------------------
 
@@ -280,25 +170,32 @@ class Relay:
         return self._dialect.name
 
     @property
+    def rules(self) -> Dialect:
+        """The stream's dialect itself (settled at its first event), for its transforms."""
+        return self._dialect
+
+    @property
     def framing(self) -> Framing:
         return self._framing
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @property
+    def terminal_seen(self) -> bool:
+        """The upstream's terminal event arrived: the answer is whole."""
+        return self._terminal_seen
 
     def open_tool_calls(self) -> list[dict[str, object]]:
         """The first :data:`~streamwarden.core.toolcalls.LISTED` tool calls open now (id,
         name, bytes of arguments so far): for ``/streams``, beside :attr:`open_tool_call_count`."""
-        tools = self._tools
-        if tools is None:
-            return []
-        return [
-            {"id": c.call_id, "name": c.name, "arguments_bytes": c.size}
-            for c in tools.first_open(LISTED)
-        ]
+        return self._calls.open_calls()
 
     @property
     def open_tool_call_count(self) -> int:
         """How many tool calls are open now (a stream may hold thousands: few are listed)."""
-        tools = self._tools
-        return 0 if tools is None else tools.open_count
+        return self._calls.open_count
 
     @property
     def last_write(self) -> float:
@@ -345,7 +242,7 @@ class Relay:
         try:
             frames = self._framer.feed(chunk)
         except EventTooLarge as exc:
-            out = self._forward(exc.frames, now)
+            out = self._forward(exc.frames, now) if exc.frames else b""
             return out + self._fail(ErrorCode.EVENT_TOO_LARGE, now)
         if not frames:
             return b""
@@ -356,7 +253,7 @@ class Relay:
             # Each known one is measured first (max_tool_arguments_depth):
             # this is the net under them, so that no input ends a stream
             # without its error event.
-            return self._fail(ErrorCode.EVENT_TOO_LARGE, now, _NESTED_TOO_DEEP)
+            return self._fail(ErrorCode.EVENT_TOO_LARGE, now, NESTED_TOO_DEEP)
 
     def upstream_eof(self, now: float) -> bytes:
         """The upstream ended its response cleanly."""
@@ -364,12 +261,10 @@ class Relay:
             return b""
         # A block or line cut before its terminator is a truncation in any dialect.
         partial = self._framer.pending_bytes > 0
-        # What waited on the filters is decided on the text as it stands, and goes first.
-        if self._holdback is None:
-            out = self._upstream_ended(partial, now)
-        else:
-            flushed = self._flush_filters(now)
-            out = flushed if self.done else flushed + self._upstream_ended(partial, now)
+        # What waited on the stages is decided on the text as it stands, and goes first.
+        out = self._close_transforms(now) if self.transforms else b""
+        if not self.done:
+            out += self._upstream_ended(partial, now)
         # The partial block or line is dropped, never forwarded (only after the
         # ending was decided: a tool call cut inside it is named from its bytes).
         self._framer.close()
@@ -385,9 +280,9 @@ class Relay:
         elif self._terminal_seen or not (dialect.expects_terminal or partial):
             meter.end(EndState.COMPLETED, now)
         elif partial:
-            reason = _TRUNCATED_INSIDE.format(unit="event" if self._framing == "sse" else "line")
+            reason = TRUNCATED_INSIDE.format(unit="event" if self._framing == "sse" else "line")
             if dialect.expects_terminal:
-                reason += _BEFORE_TERMINAL.format(terminal=dialect.terminal_event)
+                reason += BEFORE_TERMINAL.format(terminal=dialect.terminal_event)
             return self._fail(ErrorCode.STREAM_TRUNCATED, now, reason)
         else:
             return self._fail(ErrorCode.STREAM_TRUNCATED, now)
@@ -431,7 +326,7 @@ class Relay:
             return
         if self._terminal_seen:
             self.meter.end(EndState.COMPLETED, now)
-        elif detach_until is not None and self.journal is not None:
+        elif detach_until is not None and self.resumable:
             if self._detach_deadline is None:
                 self._detach_deadline = detach_until
         elif drain:
@@ -463,27 +358,6 @@ class Relay:
         if not self.done:
             self._client_gone = True
             self.meter.end(EndState.CLIENT_CANCELLED, now)
-
-    def seal_journal(self) -> None:
-        """End a journaled stream's record with an error event if its end wrote none.
-
-        A stream can end without its terminal event and without a synthesized
-        error (nobody resumed it in time, its owner stopped it, the face cut
-        it): a client that resumes it must be told so, never handed the cut
-        answer as if it were whole. Nothing goes to this stream's own client.
-        """
-        journal = self.journal
-        state = self.meter.end_state
-        if (
-            journal is None
-            or self._framing != "sse"
-            or self._terminal_seen
-            or self.meter.error_code is not None
-            or state in (None, EndState.COMPLETED, EndState.DRAINED)
-        ):
-            return
-        code, reason = _SEALS.get(state, _SEAL_OTHER)
-        journal.record(self._dialect.error_event(code, f"streamwarden: {reason} ({code})"))
 
     def resumed(self) -> None:
         """A resumed client received what this stream's own client missed: no zombies."""
@@ -543,381 +417,120 @@ class Relay:
     # -- internals -----------------------------------------------------------
 
     def _forward(self, frames: list[Frame], now: float) -> bytes:
-        if not frames:
-            return b""
-        if self._holdback is not None:
-            return self._forward_filtered(frames, now)
+        """Whole frames arrived: read each, keep the books, write what goes out.
+
+        The one path of every frame. The meter counts a plain stream's text
+        as it is read; through transforms, as it leaves them.
+        """
+        meter = self.meter
+        # After the end (a gone client's zombie tokens) no stage acts any more.
+        chain = len(self.transforms) > 0 and not self.done
+        out: list[Frame] = []
+        events = 0  # of the frames in out (through transforms)
+        arrived = 0
+        broken: ToolCall | None = None
+        delivered = not self._client_gone
+        for position, frame in enumerate(frames):
+            event = frame.event
+            if event is None:  # a comment or a stray line: it keeps its place
+                if chain:
+                    events += self._through([(frame, NOTHING)], now, out, 0)
+                continue
+            arrived += 1
+            if self._provisional:
+                self._provisional = False
+                self._dialect = sniff(event, self._dialect)
+            seen = self._dialect.inspect(event)
+            if seen is not NOTHING:
+                if seen.calls is not None or seen.terminal:
+                    broken = self._calls.follow(seen)
+                    if broken is not None:  # it and what follows it never go out
+                        if not chain:
+                            frames = frames[:position]
+                        break
+                if seen.text and not chain:
+                    meter.content(seen.text, now, delivered=delivered)
+                if seen.output_tokens is not None:
+                    meter.usage_tokens = seen.output_tokens
+                if seen.input_tokens is not None:
+                    meter.input_tokens = seen.input_tokens
+                if seen.terminal:
+                    self._terminal_seen = True
+                    meter.usage_final = True
+                if seen.error:
+                    meter.upstream_reported_error = True
+            if chain:
+                events += self._through([(frame, seen)], now, out, 0)
+                if self._stopped() is not None:
+                    break
+        meter.events_in += arrived
+        if not chain:
+            out = frames
+            events = arrived - 1 if broken is not None else arrived
+        written = self._emit(out, events, now) if out else b""
+        if broken is not None:
+            code, reason = self._calls.failure(broken)
+            return written + self._fail(code, now, reason)
+        stop = self._stopped() if chain else None
+        return written if stop is None else written + self._fail(stop[0], now, stop[1], False)
+
+    def _through(self, items: list[Passing], now: float, out: list[Frame], first: int) -> int:
+        """Frames through the transforms from the ``first`` on; what leaves the last to ``out``.
+
+        Returns how many of the frames it added carry an event.
+        """
+        transforms = self.transforms
+        for index in range(first, len(transforms)):
+            transform = transforms[index]
+            after: list[Passing] = []
+            for frame, seen in items:
+                transform.event(frame, seen, now, after)
+            items = after
+            if not items:
+                return 0
         meter = self.meter
         delivered = not self._client_gone
         events = 0
-        hidden: list[Frame] | None = None
-        broken: ToolCall | None = None
-        for position, frame in enumerate(frames):
-            event = frame.event
-            if event is None:
-                continue
-            events += 1
-            seen = self._inspect(frame, event, now)
-            if seen is NOTHING:
-                continue
-            if seen.calls is not None or seen.terminal:
-                broken = self._follow_calls(seen)
-                if broken is not None:  # it and what follows it never go out
-                    frames = frames[:position]
-                    break
-            if seen.usage_only and self._take_usage_chunk:
-                hidden = [frame] if hidden is None else [*hidden, frame]
+        for frame, seen in items:
+            if frame.event is not None:
+                events += 1
             if seen.text:
                 meter.content(seen.text, now, delivered=delivered)
-            if seen.output_tokens is not None:
-                meter.usage_tokens = seen.output_tokens
-            if seen.input_tokens is not None:
-                meter.input_tokens = seen.input_tokens
-            if seen.terminal:
-                self._terminal_seen = True
-                meter.usage_final = True
-            if seen.error:
-                meter.upstream_reported_error = True
-        meter.events_in += events
-        if broken is not None:
-            events -= 1
-        if hidden is not None or self._take_usage_null:
-            frames = _as_sent_without_injection(frames, hidden, self._take_usage_null)
-            if hidden:
-                events -= len(hidden)
-        out = self._emit(frames, events, now) if frames else b""
-        return out if broken is None else out + self._tool_failure(broken, now)
+            out.append(frame)
+        return events
 
-    def _inspect(self, frame: Frame, event: Event, now: float) -> Observation:
-        """What the dialect reads in an event, after the first one settled which dialect it is.
+    def _close_transforms(self, now: float) -> bytes:
+        """The text ended: what waits in the transforms goes out (or a stop ends the stream)."""
+        out: list[Frame] = []
+        events = 0
+        transforms = self.transforms
+        for index in range(len(transforms)):
+            released: list[Passing] = []
+            transforms[index].close(now, released)
+            if released:
+                events += self._through(released, now, out, index + 1)
+        written = self._emit(out, events, now) if out else b""
+        stop = self._stopped()
+        return written if stop is None else written + self._fail(stop[0], now, stop[1], False)
 
-        A watch of the upstream's usage habit sees every event until it has
-        learned what it watches for.
-        """
-        if self._provisional:
-            self._provisional = False
-            self._dialect = sniff(event, self._dialect)
-        seen = self._dialect.inspect(event)
-        watch = self._usage_watch
-        if watch is not None:
-            watch.see(frame, seen, now)
-            if watch.settled:
-                self._usage_watch = None
-        return seen
+    def _stopped(self) -> Stop | None:
+        """The first transform's reason to end the stream now, if one has one."""
+        for transform in self.transforms:
+            stop = transform.stop
+            if stop is not None:
+                return stop
+        return None
 
     def _emit(self, frames: list[Frame], events: int, now: float) -> bytes:
-        """Write whole frames (``events`` of them carry an event): journal, count, return."""
-        meter = self.meter
-        delivered = not self._client_gone
-        journal = self.journal
-        if journal is not None and not self.done:
-            if len(frames) == 1:
-                only = frames[0]
-                out = strip_ids(only.raw) if only.event is None else journal.record(only.raw)
-            else:
-                out = b"".join(
-                    [strip_ids(f.raw) if f.event is None else journal.record(f.raw) for f in frames]
-                )
-            if not delivered:
-                return b""
-        elif not delivered:
+        """Write whole frames (``events`` of them carry an event): count, return."""
+        if self._client_gone:
             return b""
-        else:
-            out = frames[0].raw if len(frames) == 1 else b"".join(f.raw for f in frames)
+        out = frames[0].raw if len(frames) == 1 else b"".join([f.raw for f in frames])
+        meter = self.meter
         meter.events_out += events
         meter.bytes_out += len(out)
         self._last_write = now
         return out
-
-    def _forward_filtered(self, frames: list[Frame], now: float) -> bytes:
-        """As :meth:`_forward`, through the output filters' hold-back."""
-        holdback = self._holdback
-        assert holdback is not None and self._filters is not None
-        meter = self.meter
-        take_chunk = self._take_usage_chunk
-        take_null = self._take_usage_null
-        out: list[Frame] = []
-        events = 0  # of the frames in out
-        arrived = 0
-        blocked_by: FilterRule | None = None  # a block match in a whole text
-        broken: ToolCall | None = None
-        for frame in frames:
-            event = frame.event
-            if event is None:  # a comment or a stray line: it keeps its place
-                if holdback.holding:
-                    leaving = holdback.push((frame, None, ""), "", len(frame.raw), now)
-                    events += self._take(leaving, out, now)
-                else:
-                    out.append(frame)
-                continue
-            arrived += 1
-            seen = self._inspect(frame, event, now)
-            if seen.calls is not None or seen.terminal:
-                broken = self._follow_calls(seen)
-                if broken is not None:  # it and what follows it never go out
-                    break
-            if seen is not NOTHING and self._usage_read(seen, take_chunk):
-                continue  # the client never asked for it: never held, never sent
-            if take_null:
-                frame, event = _frame_without_usage_null(frame, event)
-            screened = self._screened(frame, event, seen)
-            if not isinstance(screened, Frame):
-                blocked_by = screened  # None: it could not be written again
-                break
-            frame = screened
-            event = screened.event or event
-            terminal = seen.terminal  # NOTHING reads as no text, no end, no error
-            if terminal:
-                self._terminal_seen = meter.usage_final = True
-            if seen.error:
-                meter.upstream_reported_error = True
-            events += self._hold(frame, event, seen, out, now)
-            if terminal:  # no more text comes: what waits is decided now
-                events += self._take(holdback.close(now), out, now)
-            if holdback.blocked is not None or holdback.overflow or self._unwritable:
-                break
-        meter.events_in += arrived
-        written = self._emit(out, events, now) if out else b""
-        if broken is not None:
-            return written + self._tool_failure(broken, now)
-        if blocked_by is not None:
-            return written + self._block(now, blocked_by)
-        if holdback.blocked is not None or holdback.overflow or self._unwritable:
-            return written + self._block(now)
-        return written
-
-    def _usage_read(self, seen: Observation, take_chunk: bool) -> bool:
-        """Meter an event's usage; whether it is the usage chunk to take back."""
-        meter = self.meter
-        if seen.output_tokens is not None:
-            meter.usage_tokens = seen.output_tokens
-        if seen.input_tokens is not None:
-            meter.input_tokens = seen.input_tokens
-        return seen.usage_only and take_chunk
-
-    def _follow_calls(self, seen: Observation) -> ToolCall | None:
-        """What an event says of tool calls (a terminal closes them all); the call it broke."""
-        tools = self._tools
-        steps = seen.calls
-        if tools is None:
-            if steps is None or not starts_calls(steps):
-                return None  # a text block's stop, a choice's finish: no call yet
-            tools = self._new_tools()
-        if steps is not None:
-            broken = tools.follow(steps)
-            if broken is not None:
-                return broken
-        return tools.finish_all() if seen.terminal else None
-
-    def _new_tools(self) -> ToolCalls:
-        """The stream's tool calls, from its first."""
-        limits = self._limits
-        tools = ToolCalls(limits.max_tool_arguments_bytes, limits.max_tool_arguments_depth)
-        self._tools = self.meter.tool_calls = tools
-        return tools
-
-    def _tool_failure(self, call: ToolCall, now: float) -> bytes:
-        """End the stream in place of the event that broke ``call``: invalid, or too large."""
-        if call.end_state == TOO_LARGE and call.nested:
-            depth = self._limits.max_tool_arguments_depth
-            reason = (
-                f"the arguments of {call.describe()} nest deeper than {depth} levels"
-                " (max_tool_arguments_depth)"
-            )
-            return self._fail(ErrorCode.TOOL_CALL_TOO_LARGE, now, reason)
-        if call.end_state == TOO_LARGE:
-            limit = self._limits.max_tool_arguments_bytes
-            reason = (
-                f"the arguments held for the stream's open tool calls exceeded {limit} bytes"
-                f" (max_tool_arguments_bytes) at {call.describe()}"
-            )
-            return self._fail(ErrorCode.TOOL_CALL_TOO_LARGE, now, reason)
-        assert call.end_state == INVALID
-        reason = (
-            f"the upstream closed {call.describe()} with arguments that are not a whole JSON"
-            f" object ({call.size} bytes)"
-        )
-        return self._fail(ErrorCode.TOOL_CALL_INVALID, now, reason)
-
-    def _inside_call(self) -> str | None:
-        """The tool calls a cut now breaks, as a message names them, if any."""
-        tools = self._tools
-        calls = tools.cut_calls() if tools is not None else []
-        framer = self._framer
-        if not calls and self._dialect.calls_arrive_whole and framer.pending_bytes:
-            cut = self._dialect.call_in_cut(framer.held())
-            if cut is not None:
-                calls = [(tools if tools is not None else self._new_tools()).cut_whole(*cut)]
-        if not calls:
-            return None
-        if len(calls) == 1:
-            return f"inside {calls[0].describe()}, {_received(calls[0])}"
-        # Each named (id, name, bytes), up to as many as a record lists.
-        named = "; ".join(f"{call.describe()}, {_received(call)}" for call in calls[:LISTED])
-        more = f"; and {len(calls) - LISTED} more" if len(calls) > LISTED else ""
-        return f"inside {len(calls)} tool calls: {named}{more}"
-
-    def _screened(self, frame: Frame, event: Event, seen: Observation) -> Frame | FilterRule | None:
-        """The event as it goes into the hold-back, or the rule of a ``block`` match in it.
-
-        Before the hold-back looks at the stream's text, what it would not
-        see is filtered here: a summary's whole texts, each on its own, and
-        text the dialect does not read. ``None``: the event changed and
-        could not be written again (hostile data): the stream fails closed.
-        """
-        filters = self._filters
-        assert filters is not None
-        dialect = self._dialect
-        if dialect.repeats_text(event):  # a summary with whole texts: filtered as wholes
-            try:
-                whole = self._whole_texts_filtered(frame, event)
-            except _UNWRITABLE:
-                self._unwritable = True
-                return None
-            if isinstance(whole, FilterRule):
-                return whole
-            frame = whole
-            event = whole.event or event
-        if (
-            _reads_no_text(seen)
-            and event.data
-            and (filters.tool_arguments or not dialect.carries_tool_arguments(event))
-        ):
-            # Text the dialect does not read (a field it does not know, an
-            # event type it does not expect, data it cannot parse) is still
-            # text a client may show, as its JSON parser decodes it: a match
-            # in it fails closed.
-            unread = filters.whole(event.data)
-            if unread.matched is None and "\\" in event.data:
-                decoded = read_as_text(event.data)
-                if isinstance(decoded, DecodedJSON):
-                    unread = filters.whole(decoded[0])
-            if unread.matched is not None:
-                return unread.blocked or unread.matched
-        return frame
-
-    def _hold(
-        self, frame: Frame, event: Event, seen: Observation, out: list[Frame], now: float
-    ) -> int:
-        """Put an event in the hold-back; append what leaves it to ``out``, return how many."""
-        holdback = self._holdback
-        assert holdback is not None and self._filters is not None
-        dialect = self._dialect
-        text = seen.text
-        size = len(frame.raw)
-        if seen.tools or dialect.reads_own_texts(event):
-            # Tool-call arguments (each call's a text of its own), or data read
-            # decoded: the filters read this event's texts themselves.
-            keyed = dialect.filter_texts(event, self._filters.tool_arguments)
-            parts = [part for _, part in keyed]
-            released = holdback.push_texts((frame, parts, text), keyed, size, now)
-        else:  # the dialect's own text is what they read, all of the main text
-            released = holdback.push((frame, None, text), text, size, now)
-        if released is not None:
-            return self._take(released, out, now)
-        # Nothing waits and nothing matched: out as it came.
-        out.append(frame)
-        if text:
-            self.meter.content(text, now, delivered=not self._client_gone)
-        return 1
-
-    def _whole_texts_filtered(self, frame: Frame, event: Event) -> Frame | FilterRule:
-        """A summary event with each whole text it repeats filtered on its own.
-
-        The frame as it came when no filter matches, the rewritten frame when
-        one redacts, or the rule of a ``block`` match. A match here repeats
-        one the deltas already had (counted there), except a block: the
-        deltas never carried that text, or the stream would have ended.
-        """
-        filters = self._filters
-        assert filters is not None
-        root, places = self._dialect.whole_texts(event, filters.tool_arguments)
-        changed = False
-        for container, key in places:
-            text = container[key]
-            if not text:
-                continue
-            decided = filters.whole(text)
-            if decided.blocked is not None:
-                return decided.blocked
-            if decided.cuts:
-                container[key] = apply_cuts([text], decided.cuts)[0]
-                changed = True
-        if not changed:
-            return frame
-        data = self._dialect.dump_data(event, root)
-        raw = with_data(frame.raw, data, lines=self._framing == "lines")
-        return Frame(raw, Event(event.event, data, event.id))
-
-    def _take(self, released: list[Released[_Waiting]] | None, out: list[Frame], now: float) -> int:
-        """Append the events the hold-back let go to ``out``, redacted; return how many."""
-        if not released:
-            return 0
-        meter = self.meter
-        delivered = not self._client_gone
-        events = 0
-        for leaving in released:
-            frame, parts, text = leaving.item
-            event = frame.event
-            if event is not None:
-                if leaving.cuts:
-                    try:
-                        frame = self._redacted(frame, event, parts, leaving.cuts)
-                    except _UNWRITABLE:
-                        self._unwritable = True  # neither this event nor any after it
-                        break
-                events += 1
-            if text:
-                meter.content(text, now, delivered=delivered)
-            out.append(frame)
-        return events
-
-    def _redacted(
-        self,
-        frame: Frame,
-        event: Event,
-        parts: list[str] | None,
-        cuts: tuple[tuple[int, int, str], ...],
-    ) -> Frame:
-        assert self._filters is not None
-        tools = self._filters.tool_arguments
-        if parts is None:  # the dialect's text was the filtered text: its parts, read again
-            parts = self._dialect.filter_text(event, tools)
-        data = self._dialect.rewrite_text(event, tools, apply_cuts(parts, cuts))
-        return Frame(with_data(frame.raw, data, lines=self._framing == "lines"), event)
-
-    def _flush_filters(self, now: float) -> bytes:
-        """The text ended: release what waits (or block, if its end completes a match)."""
-        holdback = self._holdback
-        if holdback is None or not holdback.holding:
-            return b""
-        out: list[Frame] = []
-        events = self._take(holdback.close(now), out, now)
-        written = self._emit(out, events, now) if out else b""
-        if holdback.blocked is not None or self._unwritable:
-            return written + self._block(now)
-        return written
-
-    def _block(self, now: float, rule: FilterRule | None = None) -> bytes:
-        """End the stream ``content_blocked``: a block match (``rule``: in a whole text)."""
-        holdback = self._holdback
-        assert holdback is not None
-        if rule is not None:
-            matches = holdback.stats.matches
-            key = (rule.name, rule.action)
-            matches[key] = matches.get(key, 0) + 1
-        else:
-            rule = holdback.blocked
-        if rule is not None:
-            reason = f"an output filter ({rule.name}) blocked the answer"
-        elif self._unwritable:
-            reason = "an event the output filters changed could not be written again"
-        else:  # overflow: fail closed rather than let a split match through
-            reason = (
-                "the events held back by the output filters, waiting for a possible match,"
-                f" exceeded {self._limits.max_event_bytes} bytes"
-            )
-        return self._fail(ErrorCode.CONTENT_BLOCKED, now, reason)
 
     def _end_or_fail(self, code: ErrorCode, now: float) -> bytes:
         # An answer whose terminal event was delivered is complete, whatever
@@ -927,15 +540,18 @@ class Relay:
             return b""
         return self._fail(code, now)
 
-    def _fail(self, code: ErrorCode, now: float, reason: str | None = None) -> bytes:
+    def _fail(
+        self, code: ErrorCode, now: float, reason: str | None = None, flush: bool = True
+    ) -> bytes:
+        """End the stream with an error event (``flush``: what waits in transforms goes first)."""
         if self.done:
             return b""
-        if self._holdback is not None and code is not ErrorCode.CONTENT_BLOCKED:
-            # Whole events that waited on the filters go out before the error.
-            flushed = self._flush_filters(now)
-            if flushed or self.done:
-                return flushed if self.done else flushed + self._fail(code, now, reason)
-        state, template = _ENDINGS[code]
+        out = b""
+        if flush and self.transforms:
+            out = self._close_transforms(now)
+            if self.done:  # a stop while they let go (a block): its error went out
+                return out
+        state, template = ENDINGS[code]
         limits = self._limits
         reason = reason or template.format(
             terminal=self._dialect.terminal_event,
@@ -943,96 +559,18 @@ class Relay:
             duration=limits.max_stream_duration,
             event_bytes=limits.max_event_bytes,
         )
-        if code not in _KEEP_CODE:
-            inside = self._inside_call()
+        if code not in KEEP_CODE:
+            framer = self._framer
+            held = framer.held() if framer.pending_bytes else None
+            inside = self._calls.inside(self._dialect, held)
             if inside is not None:  # the code says what it cut; the end state, why
                 code = ErrorCode.TOOL_CALL_TRUNCATED
                 reason = f"{reason}, {inside}"
         self.meter.end(state, now, code)
         error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
-        if self.journal is not None and self._framing == "sse":
-            # A resumed client must end the way this stream ended.
-            error = self.journal.record(error)
+        for transform in self.transforms:
+            error = transform.ending(error)  # a journal records it for a resumed client
         if self._client_gone:
-            return b""
+            return out
         self.meter.bytes_out += len(error)
-        return error
-
-
-def _received(call: ToolCall) -> str:
-    return f"with {call.size} bytes of its arguments received"
-
-
-def _reads_no_text(seen: Observation) -> bool:
-    """Whether the dialect read nothing of an event's text (the filters search it whole).
-
-    An event it reads only tool-call steps in (a block's start or stop, a
-    choice's finish) counts as one it reads nothing in, as it did before
-    the dialects followed tool calls.
-    """
-    if seen is NOTHING:
-        return True
-    return (
-        seen.calls is not None
-        and not seen.text
-        and seen.output_tokens is None
-        and seen.input_tokens is None
-        and not (seen.terminal or seen.error or seen.usage_only)
-    )
-
-
-#: An event in the filters' hold-back: its frame, the text parts the filters
-#: read (``None``: the dialect's own text, read again only to redact), and the
-#: text the meter counts.
-_Waiting = tuple[Frame, list[str] | None, str]
-
-
-#: What re-serialising hostile data may raise (a lone surrogate, nesting too deep).
-_UNWRITABLE = (ValueError, UnicodeError, RecursionError)
-
-
-def _usage_parts(usage: UsageRole) -> tuple[bool, bool, HabitWatch | None]:
-    """The relay's part in usage injection: (take back the chunk, take back nulls, a watch).
-
-    The face asked the upstream for usage the client did not ask for: take
-    back what that added to the stream, and only that. Or the request went
-    unchanged to learn the upstream's habit: watch what it sends unasked.
-    """
-    if isinstance(usage, TakeBack):
-        return usage.chunk, usage.nulls, None
-    return False, False, usage
-
-
-def _without_usage_null(event: Event) -> Event:
-    """The event whose data lost the ``"usage": null`` its raw bytes lost."""
-    data = without_usage_null(event.data.encode()).decode()
-    return Event(event.event, data, event.id)
-
-
-def _frame_without_usage_null(frame: Frame, event: Event) -> tuple[Frame, Event]:
-    """An event's frame without the ``"usage": null`` the client never asked for.
-
-    The event too: a redaction re-serialises from its data, which must not
-    bring back the field.
-    """
-    raw = without_usage_null(frame.raw)
-    if raw is frame.raw:
-        return frame, event
-    event = _without_usage_null(event)
-    return Frame(raw, event), event
-
-
-def _as_sent_without_injection(
-    frames: list[Frame], hidden: list[Frame] | None, nulls: bool
-) -> list[Frame]:
-    """The frames a client that never asked for usage would have received."""
-    kept: list[Frame] = []
-    for frame in frames:
-        if hidden is not None and any(frame is h for h in hidden):
-            continue
-        if not nulls:
-            kept.append(frame)
-            continue
-        raw = without_usage_null(frame.raw)
-        kept.append(frame if raw is frame.raw else Frame(raw, frame.event))
-    return kept
+        return out + error

@@ -179,7 +179,7 @@ class ClientWriter:
         relay, route = self._relay, self._route
         # on_client_gone: the app runs on for a resume (detach) or to its
         # end (drain), or is stopped (cancel, the caller's).
-        detach = relay.journal is not None
+        detach = relay.resumable
         relay.client_gone(
             now,
             drain=route.on_client_gone == "drain",

@@ -123,10 +123,12 @@ class Pipeline(Generic[S]):
             dialect=route.dialect,
             gap_observer=options.gap_observer,
             framing=plan.framing,
-            usage=options.usage,
-            filters=options.filters,
         )
         stream = PipelineStream(start, relay, self.register.next_id(), planned)
+        # What each stage does to the stream's events, in the plan's order
+        # (a plain stream: none, and the relay's path of every frame is bare).
+        transforms = [stage.transform(stream) for stage in planned]
+        relay.transforms = tuple(t for t in transforms if t is not None)
         for stage in planned:
             stage.opened(stream)
         for callback in self.on_open:

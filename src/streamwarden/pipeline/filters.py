@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from streamwarden.pipeline.stage import RelayOptions, Stage, StreamStart
+from streamwarden.core.transform import EventTransform
+from streamwarden.pipeline.holdback import FilterHoldback
+from streamwarden.pipeline.stage import PipelineStream, Stage, StreamStart
 
 __all__ = ["OutputFilters"]
 
@@ -16,5 +18,7 @@ class OutputFilters(Stage):
     def wanted(self, start: StreamStart) -> bool:
         return start.route.output_filters is not None
 
-    def configure(self, start: StreamStart, options: RelayOptions) -> None:
-        options.filters = start.route.output_filters
+    def transform(self, stream: PipelineStream) -> EventTransform:
+        route = stream.start.route
+        assert route.output_filters is not None
+        return FilterHoldback(stream.relay, route.output_filters, route.limits.max_event_bytes)

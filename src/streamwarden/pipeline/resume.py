@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from streamwarden.core.refusals import RefusalKind
+from streamwarden.core.transform import EventTransform
 from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.features.resume.service import ResumeService
 from streamwarden.pipeline.request import Answer, AnswerWriter, IncomingRequest, Serve
 from streamwarden.pipeline.stage import FaceServices, PipelineStream, Stage, StreamStart
+from streamwarden.pipeline.stamping import JournalStamps
 
 __all__ = ["ResumeJournal"]
 
@@ -38,12 +40,22 @@ class ResumeJournal(Stage):
         # Ids are an SSE field: a line-framed stream has nowhere to carry one.
         return start.route.resumable and start.plan.framing == "sse"
 
+    def transform(self, stream: PipelineStream) -> EventTransform | None:
+        start = stream.start
+        journal = self._service.journal(
+            start.request_headers, start.query_string, stream.relay.dialect
+        )
+        if journal is None:  # the store keeps no more streams now: a plain stream
+            return None
+        stream.relay.resumable = True
+        return JournalStamps(journal)
+
     def opened(self, stream: PipelineStream) -> None:
         relay, service, start = stream.relay, self._service, stream.start
-        journal = service.journal(start.request_headers, start.query_string, relay.dialect)
-        if journal is None:  # the store keeps no more streams now: a plain stream
+        stamps = stream.transform_of(JournalStamps)
+        if stamps is None:
             return
-        relay.journal = journal
+        journal = stamps.journal
         stream.headers.append((STREAM_ID_HEADER, journal.stream_id))
         # The head names the id: it goes out once a resume anywhere finds it.
         stream.before_head = service.storing(journal)
@@ -58,11 +70,11 @@ class ResumeJournal(Stage):
         stream.holds = holds
 
     def closing(self, stream: PipelineStream) -> None:
-        relay = stream.relay
-        journal = relay.journal
-        if journal is not None:
-            relay.seal_journal()
-            self._service.finished(journal, str(relay.end_state), relay.dialect)
+        stamps = stream.transform_of(JournalStamps)
+        if stamps is not None:
+            relay = stream.relay
+            stamps.seal(relay)
+            self._service.finished(stamps.journal, str(relay.end_state), relay.dialect)
 
     # -- the request --------------------------------------------------------------
 

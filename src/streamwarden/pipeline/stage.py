@@ -6,13 +6,17 @@ each stage that is :meth:`~Stage.wanted` for it then, in the order of the
 plan (:data:`streamwarden.pipeline.STAGES`):
 
 1. :meth:`~Stage.configure` sets what the relay is built with
-   (:class:`RelayOptions`: limits, the gap observer, usage take-back,
-   output filters);
-2. :meth:`~Stage.opened` acts on the stream once its relay exists: a
-   journal to record into, headers to add to the response's head (and what
-   the head waits for), a ``stop`` a resume service may call, a ``holds`` a
-   detached stream asks;
-3. :meth:`~Stage.closing` runs at its end, before its record is written
+   (:class:`RelayOptions`: limits, the gap observer);
+2. :meth:`~Stage.transform` may give the stream an
+   :class:`~streamwarden.core.transform.EventTransform`, which sees every
+   whole event after the dialect read it and before it is written, and the
+   stream's ending (output filters, usage take-back, the journal's ids);
+   the relay runs them in the plan's order, and none on a stream that
+   has none;
+3. :meth:`~Stage.opened` acts on the stream once its relay exists:
+   headers to add to the response's head (and what the head waits for), a
+   ``stop`` a resume service may call, a ``holds`` a detached stream asks;
+4. :meth:`~Stage.closing` runs at its end, before its record is written
    (a journal sealed), and :meth:`~Stage.closed` after, with the record
    (a span ended).
 
@@ -24,17 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.meter import GapObserver, StreamRecord
 from streamwarden.core.plan import StreamPlan
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.toolcalls import DEPTH
+from streamwarden.core.transform import EventTransform
 from streamwarden.core.usage import UsageRole
 
 if TYPE_CHECKING:
-    from streamwarden.core.filters import FilterSet
     from streamwarden.features.resume.service import ResumeService
     from streamwarden.observation.metrics import StreamMetrics
     from streamwarden.observation.telemetry import RequestTrace, Telemetry
@@ -48,6 +52,8 @@ __all__ = [
     "Stage",
     "StreamStart",
 ]
+
+T = TypeVar("T")
 
 #: The two faces over the one core.
 Face = Literal["sidecar", "middleware"]
@@ -110,8 +116,6 @@ class RelayOptions:
     upstream_idle_timeout: float = 0.0
     max_stream_duration: float = 0.0
     gap_observer: GapObserver | None = None
-    usage: UsageRole = None
-    filters: FilterSet | None = None
 
     def limits(self) -> Limits:
         return Limits(
@@ -148,6 +152,13 @@ class PipelineStream:
     before_head: Awaitable[object] | None = None
     #: Counted in the detached-streams gauge (client gone, kept for a resume).
     counted_detached: bool = False
+
+    def transform_of(self, kind: type[T]) -> T | None:
+        """The stream's transform of that kind, if a stage gave it one."""
+        for transform in self.relay.transforms:
+            if isinstance(transform, kind):
+                return transform
+        return None
 
     def stop(self) -> None:
         """Stop the stream now, through its face (or as soon as the face can)."""
@@ -204,6 +215,10 @@ class Stage:
 
     def configure(self, start: StreamStart, options: RelayOptions) -> None:
         """Set what the relay is built with."""
+
+    def transform(self, stream: PipelineStream) -> EventTransform | None:
+        """What the stage does to the stream's events, if anything (its relay exists)."""
+        return None
 
     def opened(self, stream: PipelineStream) -> None:
         """Act on the stream once its relay exists, before its head goes out."""

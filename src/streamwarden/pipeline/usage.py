@@ -29,7 +29,9 @@ from streamwarden.core.usage import (
     usage_request,
 )
 from streamwarden.pipeline.request import Forward, IncomingRequest, Rewrite
-from streamwarden.pipeline.stage import FaceServices, RelayOptions, Stage, StreamStart
+from streamwarden.core.transform import EventTransform
+from streamwarden.pipeline.stage import FaceServices, PipelineStream, Stage, StreamStart
+from streamwarden.pipeline.takeback import usage_transform
 
 __all__ = ["UsageTakeBack"]
 
@@ -62,8 +64,8 @@ class UsageTakeBack(Stage):
     def wanted(self, start: StreamStart) -> bool:
         return start.usage is not None
 
-    def configure(self, start: StreamStart, options: RelayOptions) -> None:
-        options.usage = start.usage
+    def transform(self, stream: PipelineStream) -> EventTransform | None:
+        return usage_transform(stream.start.usage)
 
     # -- the request --------------------------------------------------------------
 

@@ -178,7 +178,7 @@ class Streaming:
         frame less in every open stream.
         """
         run.driver = driver = _driver(channel, run.stream, run.flow, self.deadlines)
-        if run.flow.start.route.on_client_gone != "drain" and run.stream.relay.journal is None:
+        if run.flow.start.route.on_client_gone != "drain" and not run.stream.relay.resumable:
             # In the handler's own task: a task more per stream would be
             # memory in every open stream, and nothing outlives the client.
             return drive(driver)
@@ -265,7 +265,7 @@ def _driver(
 ) -> StreamDriver:
     """The stream's driver, told of its client leaving and able to stop it (a resume's stop)."""
     route = flow.start.route
-    detached = stream.relay.journal is not None
+    detached = stream.relay.resumable
     driver = StreamDriver(
         channel,
         stream,
