@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from shout_stage import Shout
 from streamwarden import pipeline
 from streamwarden.core.meter import StreamRecord
 from streamwarden.middleware import StreamWardenMiddleware
@@ -20,6 +22,7 @@ from streamwarden.pipeline import STAGES, PipelineStream, Stage, StreamStart
 from streamwarden.pipeline.parity import parity_table
 from streamwarden.pipeline.resume import ResumeJournal
 from streamwarden.sidecar import Sidecar
+from streamwarden.sse import SSEDecoder
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
@@ -132,6 +135,37 @@ async def test_a_resume_is_answered_by_both_faces_only_while_its_stage_is_planne
             else:
                 assert resumed.content == b"".join(EVENTS)
     assert reached == ([] if planned else ["42", "42"])
+
+
+def _answer(stream: bytes) -> str:
+    """The text an OpenAI client reads from a Chat Completions stream."""
+    events = SSEDecoder().feed(stream)
+    return "".join(
+        json.loads(e.data)["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if e.data != "[DONE]"
+    )
+
+
+async def test_a_stage_that_rewrites_events_is_a_module_and_a_line_in_the_plan(
+    monkeypatch: pytest.MonkeyPatch, mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    body = {"stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    app = Starlette(routes=[Route(CHAT, _app_stream, methods=["POST"])])
+    async with httpx.AsyncClient() as client:
+        direct = _answer((await client.post(mock.url + CHAT, json=body)).content)
+    assert direct and direct != direct.upper()  # the upstream's own text: not shouted
+
+    monkeypatch.setattr(pipeline, "STAGES", [*STAGES, Shout])  # the one line
+    sidecar = await start_sidecar(mock.url)
+    app.add_middleware(StreamWardenMiddleware)
+    async with serve_in_process(app) as url, httpx.AsyncClient() as client:
+        through_sidecar = await client.post(sidecar.proxy_url + CHAT, json=body)
+        through_middleware = await client.post(url + CHAT, json=body)
+    assert _answer(through_sidecar.content) == direct.upper()
+    assert _answer(through_middleware.content) == "HI"  # the app's "hi"
+    assert through_sidecar.content.endswith(b"data: [DONE]\n\n")
+    assert through_middleware.content.endswith(b"data: [DONE]\n\n")
 
 
 def test_the_readme_parity_table_is_generated_from_the_plan() -> None:
