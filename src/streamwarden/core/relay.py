@@ -54,6 +54,7 @@ from streamwarden.core.endings import (
     TRUNCATED_INSIDE,
     ErrorCode,
 )
+from streamwarden.core.lifecycle import GONE_INPUT, NEXT, Gone, Input, Next, Phase, step
 from streamwarden.core.meter import EndState, GapObserver, StreamMeter
 from streamwarden.core.refusals import refusal_body
 from streamwarden.core.sse import EventTooLarge, Frame, LineFramer, SSEFramer
@@ -94,16 +95,17 @@ class Relay:
         "_detach_deadline",
         "_dialect",
         "_drain_deadline",
-        "_draining_for_meter",
         "_framer",
         "_framing",
         "_last_upstream",
         "_last_write",
         "_limits",
+        "_phase",
         "_provisional",
         "_terminal_seen",
+        "_window",
+        "gone",
         "meter",
-        "resumable",
         "transforms",
     )
 
@@ -140,16 +142,16 @@ class Relay:
         )
         #: The stream's stages' transforms, in the plan's order (none: a plain stream).
         self.transforms: tuple[EventTransform, ...] = ()
-        #: A journal records the stream: a gone client may resume it (detach).
-        self.resumable = False
+        #: What a client leaving does (``on_client_gone``; detach: :meth:`detach_for`).
+        self.gone = Gone.CANCEL
+        self._window = 0.0
+        self._phase = Phase.STREAMING
         # The response headers went out just now: keep-alives count from here.
         self._last_write = now
         self._last_upstream = now
         self._terminal_seen = False
         self._client_gone = False
         self._drain_deadline: float | None = None
-        # on_client_gone: drain: the client left, the upstream is read on.
-        self._draining_for_meter = False
         # on_client_gone: detach: the client left, the stream runs on into
         # its journal until this time unless someone resumes it.
         self._detach_deadline: float | None = None
@@ -274,11 +276,11 @@ class Relay:
         meter = self.meter
         dialect = self._dialect
         if meter.upstream_reported_error:
-            meter.end(EndState.UPSTREAM_ERROR, now)
-        elif self._draining_for_meter:
-            meter.end(EndState.DRAINED, now)
+            self._end(EndState.UPSTREAM_ERROR, now)
+        elif self._phase is Phase.DRAINING:
+            self._end(EndState.DRAINED, now)
         elif self._terminal_seen or not (dialect.expects_terminal or partial):
-            meter.end(EndState.COMPLETED, now)
+            self._end(EndState.COMPLETED, now)
         elif partial:
             reason = TRUNCATED_INSIDE.format(unit="event" if self._framing == "sse" else "line")
             if dialect.expects_terminal:
@@ -305,68 +307,68 @@ class Relay:
             return b""
         return self._fail(code, now, reason)
 
-    def client_gone(
-        self, now: float, *, drain: bool = False, detach_until: float | None = None
-    ) -> None:
-        """The client disconnected. Later upstream content counts as zombie tokens.
+    # -- the lifecycle (its table: streamwarden.core.lifecycle) -----------------
 
-        With ``drain`` (``on_client_gone: drain``) the stream does not end
-        here: the face keeps reading the upstream, nothing more is written,
-        and a clean end of the upstream is ``drained``, with its final usage
-        metered. Failures and limits still end it as they would.
+    @property
+    def phase(self) -> Phase:
+        return self._phase
 
-        With ``detach_until`` (``on_client_gone: detach``, on a stream with
-        a journal) the stream runs on into its journal, for a client that
-        resumes, and ends as it would have with its client there; if it is
-        still running at ``detach_until`` and nobody resumed it
-        (:meth:`keep_detached`), it ends ``detached_expired``.
+    @property
+    def next(self) -> Next:
+        """What the face does next (the lifecycle's answer to the last input)."""
+        return NEXT[self._phase]
+
+    def detach_for(self, window: float) -> None:
+        """A gone client leaves the stream running into its journal for ``window`` seconds."""
+        self.gone = Gone.DETACH
+        self._window = window
+
+    def client_gone(self, now: float) -> Next | None:
+        """The client disconnected: what the face does now (``None``: nothing new).
+
+        By the stream's :attr:`gone` policy: ``cancel`` ends it
+        ``client_cancelled``; ``drain`` reads the upstream on, writes
+        nothing, and a clean end is ``drained``, with its final usage
+        metered; ``detach`` runs it on into its journal for a client that
+        resumes, until its window runs out. Later upstream content counts
+        as zombie tokens (unless someone resumes it).
         """
+        was = self._phase
         self._client_gone = True
-        if self.done:
-            return
+        if was is Phase.ENDED or was is Phase.CLOSED:
+            return None  # over already: the face finishes it as it would have
         if self._terminal_seen:
-            self.meter.end(EndState.COMPLETED, now)
-        elif detach_until is not None and self.resumable:
-            if self._detach_deadline is None:
-                self._detach_deadline = detach_until
-        elif drain:
-            self._draining_for_meter = True
-        else:
-            self.meter.end(EndState.CLIENT_CANCELLED, now)
+            self._end(EndState.COMPLETED, now)
+        elif self.gone is Gone.DETACH and self._detach_deadline is None:
+            self._detach_deadline = now + self._window
+        return self._to(GONE_INPUT[self.gone], now, was)
 
-    @property
-    def draining(self) -> bool:
-        """The client left and the upstream is read on (``drain`` or ``detach``)."""
-        return (self._draining_for_meter or self._detach_deadline is not None) and not self.done
+    def held(self, now: float, left: float | None) -> Next | None:
+        """The answer to ``ASK_HOLD``: a resumed client holds the stream ``left`` more seconds."""
+        if self._phase is not Phase.EXPIRING:
+            return None
+        if left is None or left <= 0:
+            return self._to(Input.NOT_HELD, now, Phase.EXPIRING)
+        self._detach_deadline = now + left
+        self.meter.resumed()
+        return self._to(Input.HELD, now, Phase.EXPIRING)
 
-    @property
-    def detached(self) -> bool:
-        """The client left and the stream runs on for a resume (``detach``)."""
-        return self._detach_deadline is not None and not self.done
-
-    def keep_detached(self, until: float) -> None:
-        """Someone resumed (or holds a lease on) this stream: run on until ``until`` at least."""
-        if self._detach_deadline is not None and until > self._detach_deadline:
-            self._detach_deadline = until
-
-    def detach_due(self, now: float) -> bool:
-        """A detached stream's window ran out: ask for a resume's hold before ``poll``."""
-        return self._detach_deadline is not None and not self.done and now >= self._detach_deadline
-
-    def stop(self, now: float) -> None:
+    def stop(self, now: float) -> Next | None:
         """An explicit stop (``DELETE``) by the stream's owner: end it now."""
-        if not self.done:
+        was = self._phase
+        answer = self._to(Input.STOP, now, was)
+        if answer is not None:
             self._client_gone = True
-            self.meter.end(EndState.CLIENT_CANCELLED, now)
+        return answer
 
     def resumed(self) -> None:
         """A resumed client received what this stream's own client missed: no zombies."""
         self.meter.resumed()
 
-    def client_too_slow(self, now: float) -> None:
+    def client_too_slow(self, now: float) -> Next | None:
         """The client did not take our writes within ``client_write_timeout``."""
         self._client_gone = True
-        self.meter.end(EndState.CLIENT_TOO_SLOW, now)
+        return self._to(Input.TOO_SLOW, now, self._phase)
 
     def drain_by(self, deadline: float) -> None:
         """The process is draining: the stream may run on until ``deadline``, no longer.
@@ -377,6 +379,19 @@ class Relay:
         """
         if self._drain_deadline is None or deadline < self._drain_deadline:
             self._drain_deadline = deadline
+
+    def _to(self, event: Input, now: float, was: Phase) -> Next | None:
+        """Move by the table; the face's next step if the phase changed (``None``: it did not)."""
+        phase, state = step(self._phase, event)
+        self._phase = phase
+        if state is not None:
+            self.meter.end(state, now)
+        return NEXT[phase] if phase is not was else None
+
+    def _end(self, state: EndState, now: float, code: ErrorCode | None = None) -> None:
+        """Give the stream its end state (the first only), and its lifecycle its end."""
+        self.meter.end(state, now, code)
+        self._to(Input.ENDED, now, self._phase)
 
     def shutdown(self, now: float) -> bytes:
         """The process is draining and its grace period ran out."""
@@ -390,8 +405,10 @@ class Relay:
             return b""
         if self._drain_deadline is not None and now >= self._drain_deadline:
             return self._end_or_fail(ErrorCode.SHUTTING_DOWN, now)
+        if self._phase is Phase.EXPIRING:
+            return b""  # the face asks for a hold first
         if self._detach_deadline is not None and now >= self._detach_deadline:
-            self.meter.end(EndState.DETACHED_EXPIRED, now)
+            self._to(Input.WINDOW_OUT, now, Phase.DETACHED)
             return b""
         limits = self._limits
         if limits.max_stream_duration > 0 and (
@@ -536,7 +553,7 @@ class Relay:
         # An answer whose terminal event was delivered is complete, whatever
         # happens to the connection afterwards.
         if self._terminal_seen and not self.meter.upstream_reported_error:
-            self.meter.end(EndState.COMPLETED, now)
+            self._end(EndState.COMPLETED, now)
             return b""
         return self._fail(code, now)
 
@@ -566,7 +583,7 @@ class Relay:
             if inside is not None:  # the code says what it cut; the end state, why
                 code = ErrorCode.TOOL_CALL_TRUNCATED
                 reason = f"{reason}, {inside}"
-        self.meter.end(state, now, code)
+        self._end(state, now, code)
         error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
         for transform in self.transforms:
             error = transform.ending(error)  # a journal records it for a resumed client

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 
 from streamwarden.core.inflate import InflateError, Inflater
+from streamwarden.core.lifecycle import Next
 from streamwarden.core.relay import Relay
 from streamwarden.middleware._asgi import Message
 from streamwarden.middleware.app_task import AppTask
@@ -73,7 +74,7 @@ class AppBody:
                     # meters it, detach journals it for a resume), not just to count.
                     if body and self._inflater is None:
                         relay.feed(body, now)
-                    elif body and relay.draining:
+                    elif body and relay.next is Next.READ_ON:
                         await self._feed_inflated(body, now)  # the gone client gets nothing
                     self.app_closed = not more
                     self._unyielded += len(body)

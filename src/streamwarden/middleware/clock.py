@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 
+from streamwarden.core.lifecycle import Next
 from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.writer import ClientWriter
 from streamwarden.pipeline import PipelineStream
@@ -60,7 +61,7 @@ class StreamClock:
         writer, relay = self._writer, self._flow.relay
         lock, write_timeout = writer.lock, self._flow.start.route.client_write_timeout
         loop = self._loop
-        while not writer.body_closed or relay.draining:
+        while not writer.body_closed or relay.next is Next.READ_ON:
             deadline = relay.deadline
             if deadline is None:
                 return
@@ -96,12 +97,10 @@ class StreamClock:
                 return
 
     async def _run_detached(self) -> None:
-        """A timer of a stream whose client left: a resume's hold, then the relay's limits."""
+        """A timer of a stream whose client left: the relay's limits, then a resume's hold."""
         relay, flow = self._flow.relay, self._flow
         loop = self._loop
-        if flow.holds is not None and relay.detach_due(loop.time()):
-            left = await flow.holds()
-            if left is not None:
-                relay.keep_detached(loop.time() + left)
-                relay.resumed()
         relay.poll(loop.time())  # writes nothing: there is nobody to write to
+        if relay.next is Next.ASK_HOLD:
+            left = None if flow.holds is None else await flow.holds()
+            relay.held(loop.time(), left)

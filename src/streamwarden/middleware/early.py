@@ -26,6 +26,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from streamwarden.core.lifecycle import Next
 from streamwarden.core.plan import EARLY_PLAN, early_refusal
 from streamwarden.core.relay import ErrorCode, Relay
 from streamwarden.middleware._asgi import Message, Scope
@@ -127,7 +128,7 @@ class EarlyAnswer:
             except OSError:
                 # The writer took the client as gone; the app is stopped as
                 # when the inbox hears it leave (unless it runs on: drain, detach).
-                if not self._relay.draining:
+                if self._relay.next is not Next.READ_ON:
                     self._app_task.stop()
 
     async def send(self, message: Message) -> None:

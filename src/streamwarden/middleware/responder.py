@@ -78,6 +78,7 @@ from typing import Any
 from streamwarden.config import ResolvedRoute
 from streamwarden.core.headers import drop_hop_by_hop, stream_response_headers
 from streamwarden.core.inflate import Inflater
+from streamwarden.core.lifecycle import Next
 from streamwarden.core.plan import EARLY_PLAN, StreamPlan, plan_response
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.admission import Admission
@@ -355,8 +356,7 @@ class StreamResponder:
 
     def _stop_by_owner(self) -> None:
         """An explicit stop (``DELETE``) of this resumable stream by its owner."""
-        if self._flow is not None and not self._flow.relay.done:
-            self._flow.relay.stop(self._loop.time())
+        if self._flow is not None and self._flow.relay.stop(self._loop.time()) is Next.CLOSE:
             self._app_task.stop()
 
     async def _end(self, error: BaseException | None, cancelled_from_outside: bool) -> bool:

@@ -29,6 +29,7 @@ import asyncio
 from collections.abc import Callable
 
 from streamwarden.config import ResolvedRoute
+from streamwarden.core.lifecycle import Next
 from streamwarden.core.relay import Relay
 from streamwarden.middleware._asgi import Message, Send
 from streamwarden.middleware.admission import Admission
@@ -130,8 +131,7 @@ class ClientWriter:
         except OSError:
             # ASGI 2.4 servers raise on a closed connection instead of (or
             # before) reporting http.disconnect.
-            self.client_left()
-            if self._relay.draining:
+            if self.client_left() is Next.READ_ON:
                 return False  # drain or detach: the app runs on, its send does not fail
             if not bounded:
                 raise  # the app's own send: it hears what the server said
@@ -165,35 +165,32 @@ class ClientWriter:
             # The response had ended: servers report a disconnect once it is
             # complete (uvicorn does at once). Nothing to cancel.
             return
-        self.client_left()
-        if not self._relay.draining:
+        if self.client_left() is not Next.READ_ON:
             self._app_task.stop()
 
-    def client_left(self) -> None:
-        """The client is gone: the app runs on (drain, detach) or the caller stops it (cancel)."""
+    def client_left(self) -> Next:
+        """The client is gone: what the relay says follows (``READ_ON``: the app runs on).
+
+        Otherwise the caller stops the app.
+        """
+        relay = self._relay
         if self.client_gone:
-            return
+            return relay.next
         now = self._loop.time()
         self.client_gone = True
         self.close_body()
-        relay, route = self._relay, self._route
-        # on_client_gone: the app runs on for a resume (detach) or to its
-        # end (drain), or is stopped (cancel, the caller's).
-        detach = relay.resumable
-        relay.client_gone(
-            now,
-            drain=route.on_client_gone == "drain",
-            detach_until=now + route.resume_window if detach else None,
-        )
-        if relay.draining:
+        relay.client_gone(now)
+        action = relay.next
+        if action is Next.READ_ON:
             self._inbox.hides_disconnect = True  # the app runs on, unaware
             self.rearm_clock()  # a detached stream's deadline came sooner
         self._flow.counted_detached = self._end.count_detached(relay)
-        if not relay.draining:
+        if action is not Next.READ_ON:
             # The app is stopped because its client left: its unwinding is the
             # cancel propagation. An app that runs on (drain, detach) and is
             # stopped later, by a window or a limit, has none, as in the sidecar.
             self.gone_at = now
+        return action
 
     def too_slow(self) -> None:
         """The client took no bytes for ``client_write_timeout``: cut, the app stopped."""

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from streamwarden.core.lifecycle import Phase
 from streamwarden.core.meter import StreamRecord
 from streamwarden.core.relay import Relay
 
@@ -26,9 +27,10 @@ def client_state(relay: Relay, paused: bool) -> str:
     ``draining`` (gone, upstream read to its end) or ``gone``."""
     if relay.client_present:
         return "paused" if paused else "connected"
-    if relay.detached:
+    phase = relay.phase
+    if phase is Phase.DETACHED or phase is Phase.EXPIRING:
         return "detached"
-    return "draining" if relay.draining else "gone"
+    return "draining" if phase is Phase.DRAINING else "gone"
 
 
 def stream_view(

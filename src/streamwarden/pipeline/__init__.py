@@ -25,6 +25,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
+from streamwarden.core.lifecycle import Gone
 from streamwarden.core.meter import StreamMeter, StreamRecord
 from streamwarden.core.relay import Relay
 from streamwarden.observation.register import StreamRegister
@@ -124,6 +125,9 @@ class Pipeline(Generic[S]):
             gap_observer=options.gap_observer,
             framing=plan.framing,
         )
+        # What a client leaving does: cancel, or drain; detach is the resume
+        # stage's, for a stream it journals.
+        relay.gone = Gone.DRAIN if route.on_client_gone == "drain" else Gone.CANCEL
         stream = PipelineStream(start, relay, self.register.next_id(), planned)
         # What each stage does to the stream's events, in the plan's order
         # (a plain stream: none, and the relay's path of every frame is bare).

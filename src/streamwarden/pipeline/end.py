@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from streamwarden.core.lifecycle import Phase
 from streamwarden.core.meter import StreamRecord
 from streamwarden.core.relay import Relay
 from streamwarden.observation.logs import stream_logger
@@ -86,7 +87,7 @@ class StreamEnd(Generic[S]):
         True if it was counted; :meth:`publish` is then told so, and takes
         it out of the gauge again.
         """
-        if not relay.detached or self.metrics is None:
+        if relay.phase is not Phase.DETACHED or self.metrics is None:
             return False
         self.metrics.detached.inc()
         return True
@@ -101,8 +102,7 @@ class StreamEnd(Generic[S]):
         :meth:`count_detached` said.
         """
         relay = stream.relay
-        if not relay.done:
-            relay.client_gone(now)
+        relay.stop(now)  # a relay still open ends client_cancelled (one that ended: nothing)
         try:
             for stage in stream.stages:
                 stage.closing(stream)

@@ -47,7 +47,7 @@ class ResumeJournal(Stage):
         )
         if journal is None:  # the store keeps no more streams now: a plain stream
             return None
-        stream.relay.resumable = True
+        stream.relay.detach_for(start.route.resume_window)  # a gone client: run on for a resume
         return JournalStamps(journal)
 
     def opened(self, stream: PipelineStream) -> None:

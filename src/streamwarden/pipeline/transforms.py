@@ -37,6 +37,5 @@ def with_transforms(
         transforms.append(FilterHoldback(relay, filters, held))
     if journal is not None:
         transforms.append(JournalStamps(journal))
-        relay.resumable = True
     relay.transforms = (*relay.transforms, *transforms)
     return relay

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Final
 
 from streamwarden.core.inflate import InflateError, Inflater
+from streamwarden.core.lifecycle import Next
 from streamwarden.core.plan import StreamPlan
 from streamwarden.core.relay import ErrorCode, Relay
 from streamwarden.net.upstream import (
@@ -194,8 +195,6 @@ class StreamDriver(_Conduit):
         "_backlog",
         "_clock",
         "_deadlines",
-        "_detach_window",
-        "_drain_on_gone",
         "_due",
         "_ending",
         "_holds",
@@ -214,8 +213,6 @@ class StreamDriver(_Conduit):
         plan: StreamPlan,
         write_timeout: float,
         *,
-        drain_on_gone: bool = False,
-        detach_window: float | None = None,
         holds: Callable[[], Awaitable[float | None]] | None = None,
         deadlines: Deadlines,
     ) -> None:
@@ -223,11 +220,7 @@ class StreamDriver(_Conduit):
         #: The loop's clock, read at every upstream read: bound once for the
         #: process (a method called by name is looked up at each call).
         self._clock = deadlines.clock()
-        #: ``on_client_gone: drain``: a gone client leaves the upstream read on.
-        self._drain_on_gone = drain_on_gone
-        #: ``on_client_gone: detach`` (a stream with a journal): how long it
-        #: runs on for a resume, and how to ask whether a resume holds it.
-        self._detach_window = detach_window
+        #: For a detached stream: how to ask whether a resume holds it.
         self._holds = holds
         self.stream = stream
         self.relay: Relay = stream.relay
@@ -283,25 +276,20 @@ class StreamDriver(_Conduit):
     # -- the client's side ---------------------------------------------------
 
     def client_gone(self) -> None:
-        """The client closed or reset: end the stream, tell the upstream now."""
-        relay = self.relay
-        if relay.done:
-            return  # ended on its own; the usual cleanup decides the connection
+        """The client closed or reset: act on what the relay says follows."""
         noticed = self._clock()
-        window = self._detach_window
-        relay.client_gone(
-            noticed,
-            drain=self._drain_on_gone,
-            detach_until=None if window is None else noticed + window,
-        )
-        if relay.draining:
-            # Read on, write nothing: the relay meters the rest as zombie
-            # tokens and ends the stream ``drained`` with the final usage.
+        relay = self.relay
+        action = relay.client_gone(noticed)
+        if action is Next.READ_ON:
+            # Read on, write nothing (drain, detach): the relay meters the
+            # rest, or journals it for a resume.
             self._congested = False
             if not self._has_backlog():
                 self._resume_upstream()
             self._wake()
             return
+        if action is not Next.CLOSE:
+            return  # over already: the usual cleanup decides the connection
         if self._exchange is not None:
             self._exchange.connection.hang_up()
         elif self._opening is not None:
@@ -455,31 +443,26 @@ class StreamDriver(_Conduit):
 
     async def _deadline_passed(self) -> None:
         relay = self.relay
-        now = self._clock()
-        if self._holds is not None and relay.detach_due(now):
-            await self._ask_holds()
         self._gather(relay.poll(self._clock()))
         self.flush()
+        if relay.next is Next.ASK_HOLD:
+            # A detached stream's window ran out: does a resumed client hold it?
+            holds = self._holds
+            left = None if holds is None else await holds()
+            if relay.held(self._clock(), left) is Next.CLOSE:
+                self._close_upstream()
 
-    async def _ask_holds(self) -> None:
-        """At the end of a detached stream's window: does a resumed client hold it?"""
-        assert self._holds is not None
-        left = await self._holds()
-        if left is not None:
-            self.relay.keep_detached(self._clock() + left)
-            self.relay.resumed()
-
-    def stop(self) -> None:
-        """An explicit stop by the stream's owner: end the stream, close the upstream."""
-        relay = self.relay
-        if relay.done:
-            return
-        relay.stop(self._clock())
+    def _close_upstream(self) -> None:
         if self._exchange is not None:
             self._exchange.connection.hang_up()
         elif self._opening is not None:
-            self._opening.cancel()
-        self._wake()
+            self._opening.cancel()  # closes the connection still waiting for a head
+
+    def stop(self) -> None:
+        """An explicit stop by the stream's owner: end the stream, close the upstream."""
+        if self.relay.stop(self._clock()) is Next.CLOSE:
+            self._close_upstream()
+            self._wake()
 
     def finish(self) -> None:
         """After the stream: the connection back to the pool if whole, else closed."""

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from streamwarden.config import ResolvedRoute
 from streamwarden.core.headers import drop_hop_by_hop, stream_response_headers
+from streamwarden.core.lifecycle import Gone, Next
 from streamwarden.core.plan import StreamPlan
 from streamwarden.core.usage import UsageRole
 from streamwarden.net.upstream import Exchange
@@ -157,7 +158,7 @@ class Streaming:
                     await response.write_eof()
         except asyncio.CancelledError:
             driving = run.driving
-            if driving is not None and relay.draining and not driving.done():
+            if driving is not None and relay.next is Next.READ_ON and not driving.done():
                 self._read_on(run, driving)
             else:
                 run.client_left()
@@ -178,7 +179,7 @@ class Streaming:
         frame less in every open stream.
         """
         run.driver = driver = _driver(channel, run.stream, run.flow, self.deadlines)
-        if run.flow.start.route.on_client_gone != "drain" and not run.stream.relay.resumable:
+        if run.stream.relay.gone is Gone.CANCEL:
             # In the handler's own task: a task more per stream would be
             # memory in every open stream, and nothing outlives the client.
             return drive(driver)
@@ -264,15 +265,11 @@ def _driver(
     channel: ClientChannel, stream: ActiveStream, flow: PipelineStream, deadlines: Deadlines
 ) -> StreamDriver:
     """The stream's driver, told of its client leaving and able to stop it (a resume's stop)."""
-    route = flow.start.route
-    detached = stream.relay.resumable
     driver = StreamDriver(
         channel,
         stream,
         flow.start.plan,
-        route.client_write_timeout,
-        drain_on_gone=route.on_client_gone == "drain",
-        detach_window=route.resume_window if detached else None,
+        flow.start.route.client_write_timeout,
         holds=flow.holds,
         deadlines=deadlines,
     )

@@ -1,0 +1,147 @@
+"""A stream's lifecycle as one table: what each input does to it, and what the face does next.
+
+As h11's ``_state.py`` is for HTTP, this is the one place where the
+lifecycle of a relayed stream moves: every transition is a row of
+:data:`TABLE`, and everything a face does about it follows from the
+:class:`Next` of the phase it is in (:data:`NEXT`). The faces decide
+nothing about cancel, drain or detach: they tell the relay what happened
+and act on its answer.
+
+Phases:
+
+- ``streaming``: the client is there, the upstream (or app) is read;
+- ``draining``: the client left on a route with ``on_client_gone: drain``:
+  the upstream is read on for the meter, nothing is written;
+- ``detached``: the client left a resumable stream (``detach``): it runs on
+  into its journal for a resume;
+- ``expiring``: a detached stream's ``resume_window`` ran out: the face
+  asks whether a resumed client holds it;
+- ``ended``: the stream has its end with its client there: its response
+  is finished;
+- ``closed``: the stream is over and nobody reads it: the upstream is
+  closed (the app stopped) at once.
+
+What a client-gone input is depends on the route's policy
+(:class:`Gone`), fixed when the stream opens: cancel, drain, or detach
+(only for a stream that has a journal to run on into).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from streamwarden.core.meter import EndState
+
+__all__ = ["GONE_INPUT", "NEXT", "TABLE", "Gone", "Input", "Next", "Phase", "step"]
+
+
+class Phase(Enum):
+    STREAMING = "streaming"
+    DRAINING = "draining"
+    DETACHED = "detached"
+    EXPIRING = "expiring"
+    ENDED = "ended"
+    CLOSED = "closed"
+
+
+class Gone(Enum):
+    """What a client leaving does to the stream (``on_client_gone``)."""
+
+    CANCEL = "cancel"
+    DRAIN = "drain"
+    DETACH = "detach"
+
+
+class Input(Enum):
+    """What happens to a stream, as the lifecycle sees it."""
+
+    GONE_CANCEL = "gone, cancel"
+    GONE_DRAIN = "gone, drain"
+    GONE_DETACH = "gone, detach"
+    #: The client took no bytes for ``client_write_timeout``.
+    TOO_SLOW = "too slow"
+    #: The stream's owner stopped it (a ``DELETE``).
+    STOP = "stop"
+    #: The relay gave the stream its end state (its upstream's end, a limit, an error).
+    ENDED = "ended"
+    #: A detached stream's window ran out.
+    WINDOW_OUT = "window out"
+    #: A resumed client holds it (for longer), or nobody does.
+    HELD = "held"
+    NOT_HELD = "not held"
+
+
+class Next(Enum):
+    """What the face does next."""
+
+    #: Write what came, keep reading the upstream (or the app).
+    READ = "read"
+    #: The client is gone: keep reading the upstream, write nothing.
+    READ_ON = "read on"
+    #: Ask whether a resumed client holds the stream, and tell the relay.
+    ASK_HOLD = "ask hold"
+    #: Write what came and finish the client's response; then the upstream
+    #: goes back if whole (the app is stopped if it is still sending).
+    FINISH = "finish"
+    #: Nobody reads the stream: close the upstream (stop the app) now.
+    CLOSE = "close"
+
+
+#: How the client leaving is put to the table, by the route's policy.
+GONE_INPUT = {
+    Gone.CANCEL: Input.GONE_CANCEL,
+    Gone.DRAIN: Input.GONE_DRAIN,
+    Gone.DETACH: Input.GONE_DETACH,
+}
+
+_S, _DR, _DE, _EX, _EN, _CL = (
+    Phase.STREAMING,
+    Phase.DRAINING,
+    Phase.DETACHED,
+    Phase.EXPIRING,
+    Phase.ENDED,
+    Phase.CLOSED,
+)
+
+#: Every transition: (phase, input) -> (phase, the end state it records).
+#: An input with no row leaves the phase as it is. (A stream whose terminal
+#: event arrived is complete whatever happens afterwards: the relay ends it
+#: ``completed`` before a client-gone input reaches the table.)
+TABLE: dict[tuple[Phase, Input], tuple[Phase, EndState | None]] = {
+    (_S, Input.GONE_CANCEL): (_CL, EndState.CLIENT_CANCELLED),
+    (_S, Input.GONE_DRAIN): (_DR, None),
+    (_S, Input.GONE_DETACH): (_DE, None),
+    (_S, Input.TOO_SLOW): (_CL, EndState.CLIENT_TOO_SLOW),
+    (_S, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
+    (_S, Input.ENDED): (_EN, None),
+    (_DR, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
+    (_DR, Input.ENDED): (_CL, None),
+    (_DE, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
+    (_DE, Input.ENDED): (_CL, None),
+    (_DE, Input.WINDOW_OUT): (_EX, None),
+    (_EX, Input.HELD): (_DE, None),
+    (_EX, Input.NOT_HELD): (_CL, EndState.DETACHED_EXPIRED),
+    (_EX, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
+    (_EX, Input.ENDED): (_CL, None),
+    # Its answer was whole when the client left (see above), or it had ended
+    # and its last write found nobody: nobody reads it any more.
+    (_EN, Input.GONE_CANCEL): (_CL, None),
+    (_EN, Input.GONE_DRAIN): (_CL, None),
+    (_EN, Input.GONE_DETACH): (_CL, None),
+    (_EN, Input.TOO_SLOW): (_CL, None),
+}
+
+#: What the face does in each phase.
+NEXT: dict[Phase, Next] = {
+    _S: Next.READ,
+    _DR: Next.READ_ON,
+    _DE: Next.READ_ON,
+    _EX: Next.ASK_HOLD,
+    _EN: Next.FINISH,
+    _CL: Next.CLOSE,
+}
+
+
+def step(phase: Phase, event: Input) -> tuple[Phase, EndState | None]:
+    """The phase after ``event``, and the end state it records (``None``: none)."""
+    return TABLE.get((phase, event), (phase, None))
