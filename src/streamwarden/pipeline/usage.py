@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl
 
 from streamwarden.core.dialects import SSE_MEDIA_TYPE, detect
 from streamwarden.core.headers import CREDENTIAL_HEADERS, CREDENTIAL_QUERY_PARAMETERS
+from streamwarden.core.transform import EventTransform
 from streamwarden.core.usage import (
     HabitKey,
     TakeBack,
@@ -29,7 +30,6 @@ from streamwarden.core.usage import (
     usage_request,
 )
 from streamwarden.pipeline.request import Forward, IncomingRequest, Rewrite
-from streamwarden.core.transform import EventTransform
 from streamwarden.pipeline.stage import FaceServices, PipelineStream, Stage, StreamStart
 from streamwarden.pipeline.takeback import usage_transform
 
