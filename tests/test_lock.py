@@ -33,7 +33,7 @@ PROJECT = PYPROJECT["project"]
 FILES = {
     "build.txt": (None, True),
     "image.txt": (("fast", "redis"), False),
-    "dev.txt": (("test",), True),
+    "dev.txt": (("test", "docs"), True),
 }
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)(?:\s*;\s*([^\\]+?))?\s*\\?$")
