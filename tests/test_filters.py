@@ -715,9 +715,8 @@ def chat_text_before_error(stream: bytes) -> str:
     return chat_text(b"".join(f"data: {e.data}\n\n".encode() for e in events))
 
 
-def test_the_readme_example_is_a_valid_config(tmp_path: Path) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Output filters") :]
+def test_the_docs_example_is_a_valid_config(tmp_path: Path) -> None:
+    section = (Path(__file__).parent.parent / "docs" / "filters.md").read_text()
     start = section.index("```yaml\n") + len("```yaml\n")
     example = tmp_path / "example.yaml"
     example.write_text(section[start : section.index("```", start)])

@@ -587,14 +587,13 @@ def test_bad_input_exits_2_with_one_line(args: tuple[str, ...], stdin: str, mess
     assert message in result.stderr
 
 
-# -- the README's annotation table ------------------------------------------------------
+# -- the docs' annotation table ------------------------------------------------------
 
 
-def test_the_readme_lists_every_annotation_with_its_default() -> None:
+def test_the_kubernetes_page_lists_every_annotation_with_its_default() -> None:
     import streamwarden.tools.inject as inject
 
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Kubernetes: adoption by annotation") : text.index("## Config")]
+    section = (ROOT / "docs" / "kubernetes.md").read_text()
     rows = dict(re.findall(r"^\| `(streamwarden\.io/[a-z-]+)` \|([^|]*)\|", section, re.MULTILINE))
     annotations = {
         value

@@ -117,7 +117,7 @@ def test_aiohttp_is_bounded_to_the_minor_versions_the_sidecar_was_tested_on() ->
 #: Where the tiers set environment variables: a name under STREAMWARDEN_ that
 #: is not a setting makes the config loader refuse to start (as it should for
 #: a user's typo), so a test helper's own variable would stop a tier dead.
-TIERS = ["tests", "bench", ".ci", "examples", "fuzz", "helm", "README.md", "Dockerfile"]
+TIERS = ["tests", "bench", ".ci", "examples", "fuzz", "helm", "docs", "README.md", "Dockerfile"]
 #: The tests of that very refusal, which write wrong names on purpose.
 ON_PURPOSE = {"tests/test_config.py"}
 

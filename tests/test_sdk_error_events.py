@@ -265,6 +265,20 @@ SDKS = [
 ]
 
 
+def test_the_docs_name_every_sdk_of_the_matrix_and_the_class_each_raises() -> None:
+    """docs/reference/errors.md's SDK table (``SDK_ERRORS``) is this matrix's."""
+    import importlib
+
+    from streamwarden.tools.reference import SDK_ERRORS
+
+    assert set(SDK_ERRORS) == {sdk.name for sdk in SDKS}
+    for name, (raised, _) in SDK_ERRORS.items():
+        if name == "vercel-ai":
+            continue  # JavaScript's Error, thrown by readUIMessageStream (vercel_reader.py)
+        module, _, attribute = raised.rpartition(".")
+        assert issubclass(getattr(importlib.import_module(module), attribute), Exception), raised
+
+
 def sdk_params() -> list[Any]:
     return [sdk_param(sdk, sdk.name) for sdk in SDKS]
 

@@ -318,8 +318,8 @@ def _other_keys(parser: argparse.ArgumentParser) -> str:
     return (
         "Every other key, by its variable, with its default. In the config file and in "
         f"--set KEY=VALUE, a key is its variable's name without {ENV_PREFIX}, in lower case; "
-        "durations are written 250ms, 15s, 2m, sizes 64KiB, 8MiB. The README's Configuration "
-        f"table says what each does.\n\n{table}\n\n"
+        "durations are written 250ms, 15s, 2m, sizes 64KiB, 8MiB. The configuration reference "
+        f"(docs/reference/configuration.md) says what each does.\n\n{table}\n\n"
         "Check a file with: streamwarden check-config FILE"
     )
 

@@ -62,6 +62,7 @@ __all__ = [
     "load_settings",
     "parse_duration",
     "parse_size",
+    "settings_table",
     "written_default",
 ]
 
@@ -405,7 +406,8 @@ class Settings(BaseModel):
     listen: HostPort = "0.0.0.0:8080"
     #: Address of the admin listener (/metrics, /healthz, /readyz).
     admin_listen: HostPort = "0.0.0.0:9090"
-    #: The one upstream every request goes to; required for ``run``.
+    #: The one upstream every request goes to, ``http(s)://host:port`` or
+    #: ``unix:/path.sock``; required for ``run``.
     upstream: Upstream | None = None
     #: A CA bundle (PEM) to verify an https upstream with, instead of the system's.
     upstream_ca_bundle: ReadableFile | None = None
@@ -423,13 +425,15 @@ class Settings(BaseModel):
     upstream_keepalive_timeout: Duration = 15.0
     #: Time to wait for the upstream's response headers (0: no limit).
     upstream_headers_timeout: Duration = 0.0
-    #: Mid-stream time without any upstream byte before the stream is failed.
+    #: Mid-stream time without any upstream byte before the stream is failed
+    #: with ``upstream_timeout``.
     upstream_idle_timeout: Duration = 60.0
-    #: Longest a stream may run.
+    #: Longest a stream may run: past it, ``duration_exceeded``.
     max_stream_duration: Duration = 1800.0
-    #: Longest the client may take to accept a write before it is cut.
+    #: Longest the client may take to accept a write before it is cut
+    #: (end state ``client_too_slow``).
     client_write_timeout: Duration = 30.0
-    #: Largest raw size of one event.
+    #: Largest raw size of one event: past it, ``event_too_large``.
     max_event_bytes: Size = 8 * 1024 * 1024
     #: Most bytes of tool-call arguments held at once per stream, to check
     #: each call's arguments whole at its close (the calls open together;
@@ -440,7 +444,7 @@ class Settings(BaseModel):
     #: measured before anything parses or writes them again: deeper,
     #: ``tool_call_too_large``. From 16 to 512.
     max_tool_arguments_depth: ToolArgumentsDepth = TOOL_ARGUMENTS_DEPTH
-    #: Largest request body forwarded upstream.
+    #: Largest request body forwarded upstream: past it, 413.
     max_request_body_bytes: Size = 64 * 1024 * 1024
     #: Longest request line (method, target, version) before a 414.
     max_request_line_bytes: Size = 8190
@@ -450,7 +454,7 @@ class Settings(BaseModel):
     max_headers: int = Field(default=100, ge=1)
     #: Time for a client to send its whole request head before a 408 (0: none).
     request_header_timeout: Duration = 10.0
-    #: Streams open at once before new ones get 503 (0: unlimited).
+    #: Streams open at once before new ones get 503 with ``Retry-After`` (0: unlimited).
     max_concurrent_streams: int = Field(default=0, ge=0)
     #: Client connections open at once on the proxy port, idle ones included;
     #: past it a new one is answered 503 and closed at once, so that the
@@ -533,7 +537,9 @@ class Settings(BaseModel):
     routes: dict[str, RouteSettings] = Field(default_factory=dict)
     #: Middleware only: serve the Prometheus metrics at this path of the app.
     metrics_path: str | None = None
+    #: One JSON object a line, or ``key=value`` text (what the demo prints).
     log_format: Literal["json", "text"] = "json"
+    #: The least level logged.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     #: Sidecar only: the event loop. ``auto`` takes uvloop when it is installed
     #: (the ``fast`` extra, and the container image): it carries about a
@@ -632,7 +638,7 @@ def written_default(key: str) -> str:
         return "(hidden)"
     if _read_by(key, parse_duration):
         return format_duration(value)
-    if _read_by(key, parse_size):
+    if _read_by(key, parse_size) or _read_by(key, _tool_arguments_size):
         return format_size(value)
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -813,3 +819,82 @@ def load_settings(
     if overrides:
         data.update({k: v for k, v in overrides.items() if v is not None})
     return _validate(data)
+
+
+def _setting_docs() -> dict[str, str]:
+    """Each setting's ``#:`` comment in :class:`Settings`' source: what it does, in one place."""
+    import inspect
+
+    docs: dict[str, str] = {}
+    comment: list[str] = []
+    for line in inspect.getsource(Settings).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            comment.append(stripped[2:].strip())
+            continue
+        name = stripped.partition(":")[0]
+        if comment and name in Settings.model_fields:
+            docs[name] = " ".join(comment)
+        comment = []
+    return docs
+
+
+def _kind(key: str) -> str:
+    """What a setting's value is, as the reference names it: its unit, or its choices."""
+    choices = key_choices(key)
+    if choices is not None:
+        return " \\| ".join(f"`{choice}`" for choice in choices)
+    if _read_by(key, parse_duration):
+        return "duration"
+    if _read_by(key, parse_size) or _read_by(key, _tool_arguments_size):
+        return "size (bytes)"
+    for parse, kind in _KINDS:
+        if _read_by(key, parse):
+            return kind
+    value = getattr(_defaults(), key)
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "count"
+    if isinstance(value, tuple):
+        return "list"
+    if isinstance(value, dict):
+        return "mapping"
+    return "text"
+
+
+#: The values read by a validator of their own, as the reference names them.
+_KINDS: tuple[tuple[Any, str], ...] = (
+    (_host_port, "host:port"),
+    (_upstream, "URL"),
+    (_http_url, "URL"),
+    (_resume_store, "`memory` or URL"),
+    (_readable_file, "file path"),
+    (_networks, "list of CIDRs"),
+    (_resume_secret, "secret"),
+)
+
+
+def settings_table() -> str:
+    """The configuration reference: every key, its variable, default, unit and job (Markdown).
+
+    Made from :class:`Settings` (its fields, defaults and ``#:`` comments),
+    :class:`RouteSettings` and :data:`SIDECAR_ONLY`, so it is never kept by
+    hand; ``python -m streamwarden.tools.reference --write`` puts it into
+    ``docs/reference/configuration.md``.
+    """
+    docs = _setting_docs()
+    rows = [
+        "| key | environment variable | default | value | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for key in Settings.model_fields:
+        text = re.sub(r"``([^`]+)``", r"`\1`", docs.get(key, ""))
+        marks = (("per route", key in RouteSettings.model_fields), ("sidecar", key in SIDECAR_ONLY))
+        where = [mark for mark, on in marks if on and mark not in text]
+        if where:
+            text += f" ({', '.join(where)})"
+        text = text.replace("|", "\\|")  # a pipe inside a cell would end it
+        default = written_default(key)
+        rows.append(f"| `{key}` | `{env_variable(key)}` | `{default}` | {_kind(key)} | {text} |")
+    return "\n".join(rows) + "\n"

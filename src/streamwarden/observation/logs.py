@@ -228,7 +228,7 @@ def stream_fields(record: StreamRecord) -> dict[str, Any]:
     }
 
 
-#: What each field of the stream line means: the README's table of them is
+#: What each field of the stream line means: the docs' table of them is
 #: printed from this (``python -m streamwarden.observation.logs``) and a test holds both
 #: to :func:`stream_fields`.
 FIELD_DOCS: dict[str, str] = {
@@ -265,7 +265,7 @@ FIELD_DOCS: dict[str, str] = {
 
 
 def field_table() -> str:
-    """The README's table of the stream line's fields."""
+    """The docs' table of the stream line's fields (docs/reference/metrics.md)."""
     rows = ["| field | what it is |", "|---|---|"]
     rows += [f"| `{name}` | {what} |" for name, what in FIELD_DOCS.items()]
     return "\n".join(rows) + "\n"

@@ -350,9 +350,9 @@ class StreamMetrics:
 
 
 def metric_table() -> str:
-    """The README's metric table, made from the collectors themselves.
+    """The docs' metric table (docs/reference/metrics.md), made from the collectors themselves.
 
-    ``python -m streamwarden.observation.metrics`` prints it; a test holds the README to
+    ``python -m streamwarden.observation.metrics`` prints it; a test holds the page to
     it, so the table is never kept by hand.
     """
     metrics = StreamMetrics()

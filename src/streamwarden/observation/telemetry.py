@@ -10,7 +10,7 @@ Per proxied request: a server span continued from the client's
 whose context goes upstream in ``traceparent``, so the inference server's
 spans join the trace. Both end with the stream, from its one record
 (:class:`~streamwarden.core.meter.StreamRecord`); the attributes are
-:data:`ATTRIBUTES`' (the README's table is printed from it). Span events
+:data:`ATTRIBUTES`' (the docs' table is printed from it). Span events
 mark the first token and the end, never each token. The GenAI metrics are
 recorded from the same record, next to the Prometheus ones.
 
@@ -186,14 +186,14 @@ INSTRUMENTS: dict[str, tuple[str, str, list[float]]] = {
 
 
 def instrument_table() -> str:
-    """The README's table of the GenAI metrics."""
+    """The docs' table of the GenAI metrics (docs/opentelemetry.md)."""
     rows = ["| metric | unit | what it measures |", "|---|---|---|"]
     rows += [f"| `{name}` | `{unit}` | {what} |" for name, (unit, what, _) in INSTRUMENTS.items()]
     return "\n".join(rows) + "\n"
 
 
 def attribute_table() -> str:
-    """The README's table of span attributes."""
+    """The docs' table of span attributes (docs/opentelemetry.md)."""
     rows = ["| attribute | what it is |", "|---|---|"]
     rows += [f"| `{name}` | {what} |" for name, what in ATTRIBUTES.items()]
     return "\n".join(rows) + "\n"

@@ -1,4 +1,4 @@
-"""``python -m streamwarden.pipeline``: the README's parity table, from the plan's stages."""
+"""``python -m streamwarden.pipeline``: the docs' parity table, from the plan's stages."""
 
 from __future__ import annotations
 

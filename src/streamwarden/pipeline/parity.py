@@ -1,7 +1,7 @@
 """Face parity, as a table generated from the plan: which stages each face runs, and why not.
 
 Every stage of :data:`streamwarden.pipeline.STAGES` runs in both faces
-unless it names a ``middleware_gap``; the README's table is this output
+unless it names a ``middleware_gap``; the docs' table is this output
 (``python -m streamwarden.pipeline``), and a test holds the two together.
 """
 
