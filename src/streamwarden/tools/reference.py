@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamwarden.core.dialects.gemini import Gemini
-from streamwarden.core.meter import EndState
 from streamwarden.core.endings import ENDINGS, ErrorCode
+from streamwarden.core.meter import EndState
 
 __all__ = ["END_STATES", "SDK_ERRORS", "TABLES", "Table", "end_state_table", "error_table", "main"]
 
