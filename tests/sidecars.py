@@ -9,6 +9,8 @@ from typing import Any
 from streamwarden.config import load_settings
 from streamwarden.sidecar import Sidecar
 
+#: ``start(upstream, **settings)``: a sidecar on free loopback ports, closed after the test.
+#: The one type every test module takes its ``start_sidecar`` fixture as.
 StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 

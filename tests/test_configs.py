@@ -20,20 +20,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
 
+from sidecars import StartSidecar
 from streamwarden.config import Settings, load_settings, parse_duration, parse_size
 from streamwarden.core.relay import KEEPALIVE
-from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # Files in configs/ that are not streamwarden configs.

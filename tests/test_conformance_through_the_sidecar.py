@@ -13,17 +13,14 @@ alike.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 
+from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder, SSEFramer
-from streamwarden.sidecar import Sidecar
 from test_sse_conformance import ALL_CASES, CASE_IDS, Case
 from test_upstream_client import raw_upstream, read_request
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 
 def ends_at_a_boundary(stream: bytes) -> bool:

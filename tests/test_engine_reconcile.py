@@ -29,14 +29,13 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import CHAT, ENGINE_ENV, app_streaming_from, running, serve_in_process
+from sidecars import StartSidecar
 from streamwarden.features.engine.counters import read_engine
 from streamwarden.features.engine.peers import EngineWatchers
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, MockSettings, start_mock
 from waiting import wait_for, wait_until
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 VLLM = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter

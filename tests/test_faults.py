@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for, wait_until_settled
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "8"}
 

@@ -10,19 +10,19 @@ keep them. Each case first shows what the client gets without filters.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
 from aiohttp import web
 
+from sidecars import StartSidecar
 from streamwarden.core.filters import REDACTED, FilterRule, compile_filters
 from streamwarden.core.meter import EndState
 from streamwarden.core.relay import Relay
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.pipeline.transforms import with_transforms
-from streamwarden.sidecar import Sidecar
 from test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
 
 CARD = "4111111111111111"  # Luhn-valid, as a JSON number would write it
@@ -332,9 +332,6 @@ async def _sdk_tokens(base: str) -> tuple[str, str]:
                 said += event.text
                 tokens += "".join(logprob.token + "\0" for logprob in event.logprobs or [])
     return said, tokens
-
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 
 async def test_the_sdk_reads_no_token_of_the_key_through_the_sidecar(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -26,15 +26,14 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from sidecars import StartSidecar
 from streamwarden.core.meter import EndState
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.sidecar import Sidecar
 from test_filters import SECRET, TEXT, _events_of, openai_chat, redacted_pieces, split_secret
 from test_filters import anthropic as anthropic_stream
 from test_filters import responses as responses_stream
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 PIECES = split_secret(TEXT, SECRET, 3)
 CHAT = openai_chat(PIECES)
 MESSAGES = anthropic_stream(PIECES)

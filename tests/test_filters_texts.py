@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -36,15 +36,14 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from sidecars import StartSidecar
 from streamwarden.core.filters import REDACTED, FilterRule, compile_filters
 from streamwarden.core.meter import EndState
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.sidecar import Sidecar
 from test_filters import BLOCK, REDACT, SECRET, _json, relay, run, split_secret
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 TEXT = f"Your key is {SECRET} and nothing else."
 PIECES = split_secret(TEXT, SECRET, 3)
 BODY = SECRET[8:]  # what must never be read, whole or in part

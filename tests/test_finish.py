@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from sidecars import StartSidecar
 from streamwarden.config import load_settings
 from streamwarden.core.plan import StreamPlan
 from streamwarden.core.sse import Event, SSEDecoder
@@ -39,11 +40,9 @@ from streamwarden.observation.metrics import StreamMetrics
 from streamwarden.observation.register import StreamRegister
 from streamwarden.pipeline import FaceServices, Pipeline, StreamStart
 from streamwarden.pipeline.stamping import JournalStamps
-from streamwarden.sidecar import Sidecar
 from test_resume import KEY, read_events
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 #: Fields measured in time: equal between the faces only in being measured or not.
 TIMINGS = frozenset(

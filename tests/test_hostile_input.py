@@ -10,16 +10,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
 
-from streamwarden.sidecar import Sidecar
+from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for, wait_until_settled
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 
 async def exchange(port: int, data: bytes, timeout: float = 3.0) -> bytes:

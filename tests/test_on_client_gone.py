@@ -10,16 +10,13 @@ what was generated after the client left counts as zombie tokens.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import aiohttp
 import pytest
 
-from streamwarden.sidecar import Sidecar
+from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 TOKENS = 40
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -15,18 +15,17 @@ from starlette.routing import Route
 
 from middleware_apps import serve_in_process
 from shout_stage import Shout
+from sidecars import StartSidecar
 from streamwarden import pipeline
 from streamwarden.core.meter import StreamRecord
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.pipeline import STAGES, PipelineStream, Stage, StreamStart
 from streamwarden.pipeline.parity import parity_table
 from streamwarden.pipeline.resume import ResumeJournal
-from streamwarden.sidecar import Sidecar
 from streamwarden.sse import SSEDecoder
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 PARITY_PAGE = Path(__file__).parent.parent / "docs" / "reference" / "parity.md"
 CHAT = "/v1/chat/completions"
 EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]

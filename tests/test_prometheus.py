@@ -18,7 +18,6 @@ import shutil
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecars import StartSidecar
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "8"}
 CHAT = "/v1/chat/completions"

@@ -31,15 +31,15 @@ import asyncio
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from sidecars import StartSidecar
 from streamwarden.features.engine.counters import read_engine
-from streamwarden.sidecar import Sidecar
 from test_engine_reconcile import metric
 from waiting import wait_for, wait_until
 
@@ -52,7 +52,6 @@ pytestmark = pytest.mark.skipif(
     ),
 )
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 #: The model's control tokens (unk, bos, eos) print nothing: banned, so that
 #: every token the engine counts is a content event the sidecar counts.

@@ -29,12 +29,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecars import StartSidecar
 from streamwarden.observation.logs import RateLimitedWarnings
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_until
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 LONG_LINE = b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
 

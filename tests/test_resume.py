@@ -10,7 +10,7 @@ events it missed, then the rest live, from the one generation.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import anthropic
@@ -28,6 +28,7 @@ from resume_cuts import (
     read_direct,
     scripted_chat,
 )
+from sidecars import StartSidecar
 from streamwarden.core.sse import Event, SSEDecoder
 from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
@@ -35,7 +36,6 @@ from streamwarden.tools.mock import MockServer
 from streamwarden.tools.mock.tokens import mock_text
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 TOKENS = 60
 KEY = {"Authorization": "Bearer sk-owner"}

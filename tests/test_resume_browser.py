@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
+from sidecars import StartSidecar
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock.tokens import mock_tokens
 from waiting import wait_for, wait_until
@@ -27,7 +28,6 @@ playwright_api = pytest.importorskip("playwright.async_api")
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 TOKENS = 30
 ANSWER = "".join(mock_tokens(TOKENS))
 

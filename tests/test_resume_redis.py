@@ -14,7 +14,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
@@ -28,6 +28,7 @@ from resume_cuts import (
     read_direct,
     scripted_chat,
 )
+from sidecars import StartSidecar
 from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
@@ -35,7 +36,6 @@ from streamwarden.tools.mock.tokens import mock_text
 from test_resume import KEY, TOKENS, cut_after, mock_headers, read_events, resume, text_of
 from waiting import wait_for, wait_until
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 REDIS = shutil.which("redis-server")
 

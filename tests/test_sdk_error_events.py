@@ -38,9 +38,9 @@ from aiohttp import web
 from google import genai
 from google.genai import types as genai_types
 
+from sidecars import StartSidecar
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEFramer
-from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, mock_text
 from vercel_reader import (
     VercelStreamError,
@@ -58,7 +58,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 Replay = Callable[[bytes], str]
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 
 @pytest.fixture

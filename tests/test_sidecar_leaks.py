@@ -7,15 +7,12 @@ import gc
 import os
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from streamwarden.sidecar import Sidecar
+from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_until_settled
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 PATHS = [
     "/v1/chat/completions",

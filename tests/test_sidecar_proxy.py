@@ -11,7 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -19,10 +19,8 @@ import pytest
 import trustme
 from aiohttp import web
 
-from streamwarden.sidecar import Sidecar
+from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer, create_app
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 
 async def echo(url: str, method: str = "POST", **kwargs: object) -> dict[str, object]:

@@ -12,7 +12,7 @@ import itertools
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import anthropic
@@ -22,13 +22,11 @@ import pytest
 from aiohttp import web
 from httpx_sse import aconnect_sse
 
+from sidecars import StartSidecar
 from streamwarden.core.relay import KEEPALIVE
 from streamwarden.core.sse import SSEDecoder
-from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 CHAT = [{"role": "user", "content": "hi"}]
 

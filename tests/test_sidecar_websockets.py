@@ -8,15 +8,12 @@ with 1011. Sessions and their ends are counted in the metrics.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import aiohttp
 import pytest
 
+from sidecars import StartSidecar
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
-
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 
 
 async def metric(sidecar: Sidecar, line_start: str) -> float:

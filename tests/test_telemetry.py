@@ -8,7 +8,7 @@ client span for the upstream call, whose context the upstream receives.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -23,11 +23,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
-from streamwarden.sidecar import Sidecar
+from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,15 +39,14 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from sidecars import StartSidecar
 from sse_reference import reference_decode
 from streamwarden.core.meter import EndState
 from streamwarden.core.sse import Event
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.sidecar import Sidecar
 from tool_streams import BY_NAME, LIMITS, error_of
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 SSE = {"Content-Type": "text/event-stream"}
 CHAT_PATH = "/v1/chat/completions"
 GEMINI_PATH = "/v1beta/models/g:streamGenerateContent?alt=sse"

@@ -14,7 +14,7 @@ faces count the calls and name them in the stream's record and its span.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -26,16 +26,15 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from sidecars import StartSidecar
 from streamwarden.core.meter import EndState
 from streamwarden.core.toolcalls import is_arguments
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from streamwarden.tools.mock.tokens import mock_text, tool_call_fragments
 from tool_streams import STREAMS, ToolStream, arguments_in, error_of, names_the_call
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 TOKENS = 8
 KEPT = 3
 FAULTS = ("cut", "broken")

@@ -6,16 +6,14 @@ import asyncio
 import shutil
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 
-from streamwarden.sidecar import Sidecar
+from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for, wait_until
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 SLOW = {"x-mock-tps": "5", "x-mock-ttft": "0", "x-mock-tokens": "400"}
 

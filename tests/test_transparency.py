@@ -25,7 +25,7 @@ real server with that habit would.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -34,9 +34,8 @@ import pytest_asyncio
 from aiohttp import web
 
 from middleware_apps import serve_in_process
-from sidecars import sidecars
+from sidecars import StartSidecar, sidecars
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, start_mock
 from transparency_cases import (
     BOM,
@@ -59,7 +58,6 @@ from waiting import wait_for
 # by all tests (a uvicorn takes 0.2 s to stop); each test gets its own sidecar.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 SENDS = 3
 
 

@@ -29,11 +29,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder
-from streamwarden.sidecar import Sidecar
 from waiting import wait_for, wait_until_settled
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 

@@ -28,6 +28,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecars import StartSidecar
 from streamwarden.core.usage import INCLUDE_USAGE
 from streamwarden.pipeline.transforms import with_transforms
 from streamwarden.sidecar import Sidecar
@@ -36,7 +37,6 @@ from transparency_cases import BODIES_SENT_UNCHANGED as UNCHANGED
 from transparency_cases import BODIES_SPLICED as SPLICED
 from waiting import wait_for
 
-StartSidecar = Callable[..., Awaitable[Sidecar]]
 CHAT = "/v1/chat/completions"
 TOKENS = 12
 REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
