@@ -27,6 +27,7 @@ import aiohttp
 import pytest
 import yaml
 
+from lockstep import Lockstep, lines_in_lockstep
 from sidecars import StartSidecar
 from streamwarden.config import Settings, load_settings, parse_duration, parse_size
 from streamwarden.core.relay import KEEPALIVE
@@ -387,20 +388,22 @@ TRICKLE = {"x-mock-tps": "20", "x-mock-ttft": "0", "x-mock-tokens": "10"}
 TOKEN = re.compile(rb'"content":"[^"]')
 
 
-async def content_arrivals(url: str, headers: dict[str, str]) -> list[float]:
-    """Seconds from the request to each content line, as the client reads them."""
-    arrivals: list[float] = []
-    async with aiohttp.ClientSession() as session:
-        start = time.monotonic()
-        async with asyncio.timeout(10):
-            async with session.post(
-                url + "/v1/chat/completions", headers=headers, json={"stream": True}
-            ) as response:
-                assert response.status == 200
-                async for line in response.content:
-                    if line.startswith(b"data: {") and TOKEN.search(line):
-                        arrivals.append(time.monotonic() - start)
-    return arrivals
+async def completed_at_first_token(url: str, mock: MockServer, request_id: str) -> tuple[int, bool]:
+    """Read a stream: its tokens, and whether the mock had finished it when the first arrived."""
+    headers = {**TRICKLE, "x-mock-request-id": request_id}
+    tokens, completed_at_first = 0, False
+    async with aiohttp.ClientSession() as session, asyncio.timeout(10):
+        async with session.post(
+            url + "/v1/chat/completions", headers=headers, json={"stream": True}
+        ) as response:
+            assert response.status == 200
+            async for line in response.content:
+                if line.startswith(b"data: {") and TOKEN.search(line):
+                    if tokens == 0:
+                        record = mock.stats.get(request_id)
+                        completed_at_first = record is not None and record.completed
+                    tokens += 1
+    return tokens, completed_at_first
 
 
 @needs_nginx
@@ -408,43 +411,47 @@ async def test_tokens_arrive_one_by_one_through_nginx_and_the_sidecar(
     mock: MockServer, start_sidecar: StartSidecar, tmp_path: Path
 ) -> None:
     # The problem: nginx's defaults buffer the stream, and the client gets
-    # every token at once at the end.
+    # its first token only once the upstream has written its last.
     port = free_port()
     async with running_nginx(tmp_path / "naive", naive_site(mock.port, port), port) as url:
-        lump = await content_arrivals(url, TRICKLE)
-    assert len(lump) == 10
-    assert lump[0] > 0.2, lump  # the first token was held back ...
-    held = [b - a for a, b in itertools.pairwise(lump)]
-    assert sum(1 for gap in held if gap > 0.02) <= 1, lump  # ... and came in a lump or two
-    # Through the snippet and the sidecar: 20 tokens/s, spread over ~0.5 s.
-    sidecar = await start_sidecar(mock.url)
-    port = free_port()
-    site = site_in_front_of(sidecar.proxy_port, port)
-    async with running_nginx(tmp_path / "snippet", site, port) as url:
-        arrivals = await content_arrivals(url, TRICKLE)
-    assert len(arrivals) == 10
-    assert arrivals[-1] - arrivals[0] > 0.3, arrivals
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    assert sum(1 for gap in gaps if gap > 0.02) >= 7, gaps
+        tokens, completed = await completed_at_first_token(url, mock, "naive")
+    assert tokens == 10 and completed
+    # Through the snippet and the sidecar, from an upstream in lockstep with
+    # the client (each token written once the one before arrived): one held
+    # back anywhere on the way, and the next is never written.
+    async with Lockstep(tokens=10) as upstream:
+        sidecar = await start_sidecar(upstream.url)
+        port = free_port()
+        site = site_in_front_of(sidecar.proxy_port, port)
+        async with (
+            running_nginx(tmp_path / "snippet", site, port) as url,
+            aiohttp.ClientSession() as session,
+            asyncio.timeout(10),
+            session.post(url + "/v1/chat/completions", json={"stream": True}) as response,
+        ):
+            lines = await lines_in_lockstep(response.content, upstream)
+    assert sum(b'"content":"t' in line for line in lines) == 10
+    await wait_for(lambda: bool(sidecar.tracker.finished), what="the stream's end")
     (record,) = sidecar.tracker.finished
     assert record.meter.end_state == "completed"
     assert record.meter.tokens_delivered == 10
 
 
-async def read_for(url: str, headers: dict[str, str], seconds: float) -> tuple[bytes, bool]:
-    """The body read within ``seconds``, and whether the response was still open then."""
+async def read_until(
+    url: str, headers: dict[str, str], keepalives: int | None = None
+) -> tuple[bytes, bool]:
+    """The body, read to its end or until ``keepalives`` keep-alives; whether it was still open."""
     body = b""
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session, asyncio.timeout(10):
         async with session.post(
             url + "/v1/chat/completions", headers=headers, json={"stream": True}
         ) as response:
             assert response.status == 200
             try:
-                async with asyncio.timeout(seconds):
-                    async for chunk in response.content.iter_any():
-                        body += chunk
-            except TimeoutError:
-                return body, True
+                async for chunk in response.content.iter_any():
+                    body += chunk
+                    if keepalives is not None and body.count(KEEPALIVE) >= keepalives:
+                        return body, True
             except aiohttp.ClientPayloadError:
                 pass  # nginx gave up on the upstream mid-response
     return body, False
@@ -456,26 +463,30 @@ async def test_keepalives_hold_a_silent_stream_open_past_nginx_read_timeout(
 ) -> None:
     """proxy_read_timeout above keepalive_interval is what keeps a thinking model's stream."""
     stall = {**TRICKLE, "x-mock-tps": "0", "x-mock-fault": "stall", "x-mock-fault-after": "2"}
-    # The problem: nginx ends a stream silent for proxy_read_timeout (1s here).
+    # The problem: nginx ends a stream silent for proxy_read_timeout (1s
+    # here). The upstream is silent for ever after 2 tokens: nothing else ends it.
     port = free_port()
     site = naive_site(mock.port, port, proxy_buffering="off", proxy_read_timeout="1s")
     async with running_nginx(tmp_path / "naive", site, port) as url:
-        start = time.monotonic()
-        body, still_open = await read_for(url, stall, 3.0)
-        cut_after = time.monotonic() - start
-    assert not still_open and 0.9 < cut_after < 2.5, cut_after
+        body, still_open = await read_until(url, {**stall, "x-mock-request-id": "cut"})
+    assert not still_open
     assert len(TOKEN.findall(body)) == 2 and b"[DONE]" not in body
+    # nginx closed the upstream in its silence, after its timer ran (a lower
+    # bound: nginx's cached clock cuts a 1 s timeout after 0.9 s).
+    cut = await mock.stats.wait_ended("cut")
+    assert cut.closed_early and cut.closed_at is not None
+    assert cut.closed_at - cut.started_at >= 0.8
     # Through the sidecar (keep-alive every 300 ms), the same nginx timeout
-    # never fires: the stream is still open after 2.5 s.
+    # never fires: the stream is still open after 4 keep-alives, that is
+    # 1.2 s or more after the upstream's last byte (a timer never fires early).
     sidecar = await start_sidecar(mock.url, keepalive_interval="300ms")
     port = free_port()
     site = site_in_front_of(sidecar.proxy_port, port, proxy_read_timeout="1s")
     async with running_nginx(tmp_path / "snippet", site, port) as url:
-        body, still_open = await read_for(url, stall, 2.5)
+        body, still_open = await read_until(url, stall, keepalives=4)
         # The client left: nginx closes the sidecar's side, which ends the stream.
         await wait_for(lambda: bool(sidecar.tracker.finished), what="the stream's end")
     assert still_open
     assert len(TOKEN.findall(body)) == 2
-    assert body.count(KEEPALIVE) >= 6
     (record,) = sidecar.tracker.finished
     assert record.meter.end_state == "client_cancelled"
