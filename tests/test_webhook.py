@@ -7,8 +7,9 @@ of the Kubernetes documentation's "Webhook request and response": uid, kind,
 resource, operation, the Pod as the ReplicaSet controller creates it, with
 the API server's defaults filled in). Its JSON patch, applied to the pod by
 the RFC 6902 applier below, must give exactly what ``streamwarden inject``
-gives. It answers within 100 ms, skips what it should with a reason, never
-denies, and serves a renewed certificate without a restart.
+gives. It skips what it should with a reason, never denies, and serves a
+renewed certificate without a restart. (How fast it answers, against the
+issue's 100 ms: ``python -m bench.webhook_latency``.)
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import os
 import re
 import signal
 import ssl
-import statistics
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -309,20 +308,6 @@ async def test_an_egress_pod_gets_its_base_url_variables(review: Review) -> None
     assert patched == inject_object(pod, InjectOptions())[0]
     env = {e["name"]: e.get("value") for e in patched["spec"]["containers"][0]["env"]}
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:8080/v1"
-
-
-async def test_it_answers_within_100_ms(review: Review) -> None:
-    body = admission_review(replicaset_pod())
-    for _ in range(10):  # warm-up: connection, TLS session, first-call imports
-        await review(body)
-    timings = []
-    for _ in range(30):
-        started = time.perf_counter()
-        answer = await review(body)
-        timings.append(time.perf_counter() - started)
-        assert patch_of(answer)
-    # The median: robust to a loaded 2-core machine's stalls; the bound is the issue's.
-    assert statistics.median(timings) < 0.1, sorted(timings)
 
 
 # -- what it skips, allowed, with a reason ------------------------------------------------
