@@ -922,7 +922,7 @@ async def test_a_client_leaving_while_the_provider_is_silent_gets_it_closed_at_o
             writer.write(raw_request(f"/guarded/{tag}{CHAT}", stall))
             seen = b""
             async with asyncio.timeout(2):
-                while seen.count(b'"content"') < 3:
+                while seen.count(b'"content":"') < 4:  # the role chunk's and 3 tokens
                     seen += await reader.read(65536)
             # The provider stalled after its 3 tokens, for ever: nothing but the
             # client's leaving can end the app's wait (the idle timeout would be

@@ -307,10 +307,10 @@ async def test_metrics_logs_and_the_mock_agree_on_every_count(
             ) as response:
                 if action == "leave":
                     received = b""
-                    while received.count(b'"content"') < 3:
+                    while received.count(b'"content":"') < 4:  # the role chunk's and 3
                         received += await response.content.readany()
-                    # The stimulus: the client stays while the upstream is silent.
-                    await asyncio.sleep(0.05)
+                    # The client has the 3 tokens before the upstream's
+                    # endless silence: it leaves while the sidecar waits on it.
                     response.close()
                 else:
                     await response.read()

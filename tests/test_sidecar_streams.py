@@ -289,7 +289,7 @@ async def leave_in_silence(port: int, mock: MockServer, request_id: str) -> None
     writer.write(raw_request(port, "/v1/chat/completions", headers))
     received = b""
     async with asyncio.timeout(5):
-        while received.count(b'"content"') < 3:
+        while received.count(b'"content":"') < 4:  # the role chunk's and 3 tokens
             received += await reader.read(65536)
     # The client has the 3 tokens: the sidecar relayed them and waits on an
     # upstream that is silent from here until someone closes it.
