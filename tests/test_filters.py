@@ -515,7 +515,7 @@ def test_the_journal_keeps_what_the_client_gets_redacted_and_in_order(detached: 
     r = with_transforms(relay("openai-chat", REDACT), journal=Journal("s1", sink))
     events = _events_of(openai_chat(split_secret(TEXT, SECRET, 3)), "openai-chat")
     if detached:  # the client left: the stream runs on into its journal for a resume
-        r.detach_for(99.5)
+        r.lifecycle.detach_for(99.5)
         r.client_gone(0.5)
     out = b"".join(r.feed(e.encode(), float(i)) for i, e in enumerate(events))
     out += r.upstream_eof(50.0)

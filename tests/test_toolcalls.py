@@ -303,7 +303,7 @@ def test_a_client_gone_inside_a_call_writes_nothing_and_counts_it_truncated() ->
 def test_the_calls_open_are_shown_live() -> None:
     relay = CHAT.relay()
     relay.feed(OPEN_CALL, 1.0)
-    assert relay.open_tool_calls() == [{"id": "call_a", "name": "lookup", "arguments_bytes": 10}]
+    assert relay.calls.open_calls() == [{"id": "call_a", "name": "lookup", "arguments_bytes": 10}]
 
 
 # -- bounds --------------------------------------------------------------------------------

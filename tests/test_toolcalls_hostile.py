@@ -155,9 +155,9 @@ def test_the_calls_open_are_listed_up_to_16_and_counted() -> None:
         ),
         1.0,
     )
-    listed = relay.open_tool_calls()
+    listed = relay.calls.open_calls()
     assert [c["id"] for c in listed] == [f"c{n}" for n in range(LISTED)]
-    assert relay.open_tool_call_count == opened
+    assert relay.calls.open_count == opened
 
 
 def test_a_gateway_repeating_the_calls_id_on_every_chunk_keeps_one_call() -> None:

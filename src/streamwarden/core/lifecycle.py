@@ -23,16 +23,20 @@ Phases:
 
 What a client-gone input is depends on the route's policy
 (:class:`Gone`), fixed when the stream opens: cancel, drain, or detach
-(only for a stream that has a journal to run on into).
+(only for a stream that has a journal to run on into). One stream's
+place in the table, and the moves its relay's inputs make, are its
+:class:`Lifecycle`.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-from streamwarden.core.meter import EndState
+from streamwarden.core.endings import ErrorCode
+from streamwarden.core.meter import EndState, StreamMeter
+from streamwarden.core.timers import Timers
 
-__all__ = ["GONE_INPUT", "NEXT", "TABLE", "Gone", "Input", "Next", "Phase", "step"]
+__all__ = ["GONE_INPUT", "NEXT", "TABLE", "Gone", "Input", "Lifecycle", "Next", "Phase", "step"]
 
 
 class Phase(Enum):
@@ -145,3 +149,89 @@ NEXT: dict[Phase, Next] = {
 def step(phase: Phase, event: Input) -> tuple[Phase, EndState | None]:
     """The phase after ``event``, and the end state it records (``None``: none)."""
     return TABLE.get((phase, event), (phase, None))
+
+
+class Lifecycle:
+    """One stream's lifecycle: its phase, what a client leaving does, and the moves by the table.
+
+    The :class:`~streamwarden.core.relay.Relay` puts its inputs to it; each
+    move that records an end state records it in the stream's meter.
+    """
+
+    __slots__ = ("gone", "meter", "phase", "present", "timers", "window")
+
+    def __init__(self, meter: StreamMeter, timers: Timers) -> None:
+        self.meter = meter
+        self.timers = timers
+        self.phase = Phase.STREAMING
+        #: What a client leaving does (``on_client_gone``; detach: :meth:`detach_for`).
+        self.gone = Gone.CANCEL
+        #: How long a detached stream runs on for a resume, in seconds.
+        self.window = 0.0
+        #: The client is there: it has not left, been cut as too slow, or been stopped.
+        self.present = True
+
+    @property
+    def next(self) -> Next:
+        """What the face does next (the table's answer to the last input)."""
+        return NEXT[self.phase]
+
+    def detach_for(self, window: float) -> None:
+        """A gone client leaves the stream running into its journal for ``window`` seconds."""
+        self.gone = Gone.DETACH
+        self.window = window
+
+    def client_gone(self, now: float, whole: bool) -> Next | None:
+        """The client disconnected (``whole``: after the terminal event): what the face does now.
+
+        By the :attr:`gone` policy: ``cancel`` ends the stream
+        ``client_cancelled``; ``drain`` reads the upstream on, writes
+        nothing, and a clean end is ``drained``, with its final usage
+        metered; ``detach`` runs it on into its journal for a client that
+        resumes, until its window runs out. Later upstream content counts
+        as zombie tokens (unless someone resumes it). ``None``: nothing new.
+        """
+        was = self.phase
+        self.present = False
+        if was is Phase.ENDED or was is Phase.CLOSED:
+            return None  # over already: the face finishes it as it would have
+        if whole:  # an answer whose terminal event arrived is complete
+            self.end(EndState.COMPLETED, now)
+        elif self.gone is Gone.DETACH and self.timers.window_ends is None:
+            self.timers.window_ends = now + self.window
+        return self.to(GONE_INPUT[self.gone], now, was)
+
+    def held(self, now: float, left: float | None) -> Next | None:
+        """The answer to ``ASK_HOLD``: a resumed client holds the stream ``left`` more seconds."""
+        if self.phase is not Phase.EXPIRING:
+            return None
+        if left is None or left <= 0:
+            return self.to(Input.NOT_HELD, now, Phase.EXPIRING)
+        self.timers.window_ends = now + left
+        self.meter.resumed()
+        return self.to(Input.HELD, now, Phase.EXPIRING)
+
+    def stop(self, now: float) -> Next | None:
+        """An explicit stop (``DELETE``) by the stream's owner: end it now."""
+        answer = self.to(Input.STOP, now, self.phase)
+        if answer is not None:
+            self.present = False
+        return answer
+
+    def too_slow(self, now: float) -> Next | None:
+        """The client did not take our writes within ``client_write_timeout``."""
+        self.present = False
+        return self.to(Input.TOO_SLOW, now, self.phase)
+
+    def end(self, state: EndState, now: float, code: ErrorCode | None = None) -> None:
+        """The stream has its end state (the first only, in the meter): the table's end."""
+        self.meter.end(state, now, code)
+        self.to(Input.ENDED, now, self.phase)
+
+    def to(self, event: Input, now: float, was: Phase) -> Next | None:
+        """Move by the table; the face's next step if the phase changed (``None``: it did not)."""
+        phase, state = step(self.phase, event)
+        self.phase = phase
+        if state is not None:
+            self.meter.end(state, now)
+        return NEXT[phase] if phase is not was else None

@@ -25,7 +25,7 @@ RECENT = 60.0
 def client_state(relay: Relay, paused: bool) -> str:
     """``connected``, ``paused`` (not reading), ``detached`` (kept for a resume),
     ``draining`` (gone, upstream read to its end) or ``gone``."""
-    if relay.client_present:
+    if relay.lifecycle.present:
         return "paused" if paused else "connected"
     phase = relay.phase
     if phase is Phase.DETACHED or phase is Phase.EXPIRING:
@@ -45,12 +45,12 @@ def stream_view(
         "ttft_s": None if meter.ttft is None else round(meter.ttft, 3),
         "events": meter.events_out,
         "tokens": meter.tokens_generated,
-        "since_last_write_s": round(now - relay.last_write, 3),
+        "since_last_write_s": round(now - relay.timers.last_write, 3),
         "client": client_state(relay, paused),
         # The calls still open: a stream that hangs inside one says which
         # (the first 16; the count says how many).
-        "tool_calls_open": relay.open_tool_calls(),
-        "tool_calls_open_count": relay.open_tool_call_count,
+        "tool_calls_open": relay.calls.open_calls(),
+        "tool_calls_open_count": relay.calls.open_count,
     }
 
 

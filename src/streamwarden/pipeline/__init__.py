@@ -28,6 +28,7 @@ from typing import Generic, TypeVar
 from streamwarden.core.lifecycle import Gone
 from streamwarden.core.meter import StreamMeter, StreamRecord
 from streamwarden.core.relay import Relay
+from streamwarden.core.transform import TransformChain
 from streamwarden.observation.register import StreamRegister
 from streamwarden.pipeline.end import StreamEnd, StreamIdentity
 from streamwarden.pipeline.filters import OutputFilters
@@ -127,12 +128,13 @@ class Pipeline(Generic[S]):
         )
         # What a client leaving does: cancel, or drain; detach is the resume
         # stage's, for a stream it journals.
-        relay.gone = Gone.DRAIN if route.on_client_gone == "drain" else Gone.CANCEL
+        relay.lifecycle.gone = Gone.DRAIN if route.on_client_gone == "drain" else Gone.CANCEL
         stream = PipelineStream(start, relay, self.register.next_id(), planned)
         # What each stage does to the stream's events, in the plan's order
         # (a plain stream: none, and the relay's path of every frame is bare).
         transforms = [stage.transform(stream) for stage in planned]
-        relay.transforms = tuple(t for t in transforms if t is not None)
+        given = tuple(t for t in transforms if t is not None)
+        relay.chain = TransformChain(given, relay.meter) if given else None
         for stage in planned:
             stage.opened(stream)
         for callback in self.on_open:

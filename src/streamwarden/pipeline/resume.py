@@ -47,7 +47,9 @@ class ResumeJournal(Stage):
         )
         if journal is None:  # the store keeps no more streams now: a plain stream
             return None
-        stream.relay.detach_for(start.route.resume_window)  # a gone client: run on for a resume
+        stream.relay.lifecycle.detach_for(
+            start.route.resume_window
+        )  # a gone client: run on for a resume
         return JournalStamps(journal)
 
     def opened(self, stream: PipelineStream) -> None:

@@ -155,7 +155,8 @@ class PipelineStream:
 
     def transform_of(self, kind: type[T]) -> T | None:
         """The stream's transform of that kind, if a stage gave it one."""
-        for transform in self.relay.transforms:
+        chain = self.relay.chain
+        for transform in chain.transforms if chain is not None else ():
             if isinstance(transform, kind):
                 return transform
         return None

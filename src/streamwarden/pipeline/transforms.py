@@ -10,7 +10,7 @@ from __future__ import annotations
 from streamwarden.core.filters import FilterSet
 from streamwarden.core.journal import Journal
 from streamwarden.core.relay import Relay
-from streamwarden.core.transform import EventTransform
+from streamwarden.core.transform import EventTransform, TransformChain
 from streamwarden.core.usage import UsageRole
 from streamwarden.pipeline.holdback import FilterHoldback
 from streamwarden.pipeline.stamping import JournalStamps
@@ -37,5 +37,8 @@ def with_transforms(
         transforms.append(FilterHoldback(relay, filters, held))
     if journal is not None:
         transforms.append(JournalStamps(journal))
-    relay.transforms = (*relay.transforms, *transforms)
+    if transforms:
+        chain = relay.chain
+        given = (*(chain.transforms if chain is not None else ()), *transforms)
+        relay.chain = TransformChain(given, relay.meter)
     return relay

@@ -179,7 +179,7 @@ class Streaming:
         frame less in every open stream.
         """
         run.driver = driver = _driver(channel, run.stream, run.flow, self.deadlines)
-        if run.stream.relay.gone is Gone.CANCEL:
+        if run.stream.relay.lifecycle.gone is Gone.CANCEL:
             # In the handler's own task: a task more per stream would be
             # memory in every open stream, and nothing outlives the client.
             return drive(driver)
