@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -35,3 +36,22 @@ async def start_sidecar() -> AsyncIterator[StartSidecar]:
     """Start sidecars on free loopback ports; all are closed after the test."""
     async with sidecars() as start:
         yield start
+
+
+@pytest.fixture
+async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """test_telemetry's OTLP receiver, for the faces' exporters (skipped without the otel extra)."""
+    pytest.importorskip("opentelemetry.sdk")
+    from aiohttp import web
+
+    from test_telemetry import Receiver
+
+    served = Receiver()
+    runner = web.AppRunner(served.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{runner.addresses[0][1]}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    yield served
+    await runner.cleanup()

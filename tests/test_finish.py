@@ -229,25 +229,6 @@ async def test_a_stream_ends_the_same_through_both_faces(
         assert by_sidecar.resumed is None and by_middleware.resumed is None
 
 
-@pytest.fixture
-async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
-    """test_telemetry's OTLP receiver, for the faces' exporters (skipped without the otel extra)."""
-    pytest.importorskip("opentelemetry.sdk")
-    from aiohttp import web
-
-    from test_telemetry import Receiver
-
-    served = Receiver()
-    runner = web.AppRunner(served.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{runner.addresses[0][1]}")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    yield served
-    await runner.cleanup()
-
-
 async def server_span(receiver: Any) -> dict[str, Any]:
     """The one server span exported since the last call: its attributes, status and events."""
     from test_telemetry import attributes, servers

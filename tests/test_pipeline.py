@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +23,9 @@ from sidecars import StartSidecar
 from streamwarden import pipeline
 from streamwarden.core.meter import StreamRecord
 from streamwarden.middleware import StreamWardenMiddleware
+from streamwarden.observation.metrics import StreamMetrics
+from streamwarden.observation.register import StreamRegister
+from streamwarden.observation.telemetry import Telemetry
 from streamwarden.pipeline import STAGES, PipelineStream, Stage, StreamStart
 from streamwarden.pipeline.parity import parity_table
 from streamwarden.pipeline.resume import ResumeJournal
@@ -134,6 +141,163 @@ async def test_a_resume_is_answered_by_both_faces_only_while_its_stage_is_planne
             else:
                 assert resumed.content == b"".join(EVENTS)
     assert reached == ([] if planned else ["42", "42"])
+
+
+class Model:
+    """The model's side, the same for both faces: the sidecar's upstream and the middleware's app.
+
+    Two text events (one gap between them, a secret in the first), a
+    ``silence`` between them (the model thinking), and the end.
+    """
+
+    def __init__(self, silence: float) -> None:
+        self.silence = silence
+        #: The body of every request that reached it.
+        self.bodies: list[dict[str, Any]] = []
+        self.app = Starlette(routes=[Route(CHAT, self.chat, methods=["POST"])])
+
+    async def chat(self, request: Request) -> StreamingResponse:
+        self.bodies.append(await request.json())
+
+        async def events() -> AsyncIterator[bytes]:
+            yield _chunk("the password is hunter2")
+            if self.silence:
+                await asyncio.sleep(self.silence)  # the upstream's silence is the scenario
+            yield _chunk(", bye")
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _chunk(text: str) -> bytes:
+    delta = {"choices": [{"index": 0, "delta": {"content": text}}]}
+    return b"data: " + json.dumps(delta).encode() + b"\n\n"
+
+
+@dataclass
+class Seen:
+    """What one face did with its streams: what its client read, and what it recorded."""
+
+    bodies: list[bytes]
+    #: The requests that reached the model (the sidecar's upstream, the middleware's app).
+    reached: list[dict[str, Any]]
+    metrics: StreamMetrics
+    #: Server spans exported by the face (its exporter flushed after the streams).
+    spans: int
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One stage's capability: the settings that ask for it, and how a face shows it."""
+
+    settings: dict[str, Any]
+    shows: Callable[[Seen], bool]
+    silence: float = 0.0
+    #: Usage injection changes a kind of request only after one unchanged stream taught it.
+    requests: int = 1
+
+
+def _id_lines(body: bytes) -> bool:
+    return re.search(rb"(^|\n)id: ", body) is not None
+
+
+#: Every stage of the plan, by name: what removing its line must take from both faces.
+CAPABILITIES = {
+    "keep-alive": Capability(
+        {"keepalive_interval": "20ms"},
+        lambda seen: all(b": keep-alive\n\n" in body for body in seen.bodies),
+        silence=0.25,
+    ),
+    "limits": Capability(
+        {"upstream_idle_timeout": "50ms"},
+        lambda seen: all(b"upstream_timeout" in body for body in seen.bodies),
+        silence=0.25,
+    ),
+    "metering": Capability({}, lambda seen: sum(seen.metrics.inter_token.counts.counts) > 0),
+    "usage": Capability(
+        {"usage_injection": "auto"},
+        lambda seen: any("stream_options" in sent for sent in seen.reached),
+        requests=2,
+    ),
+    "filters": Capability(
+        {"output_filters": [{"literal": "hunter2", "action": "redact"}]},
+        lambda seen: all(b"hunter2" not in body for body in seen.bodies),
+    ),
+    "resume": Capability(
+        {"on_client_gone": "detach"}, lambda seen: all(_id_lines(body) for body in seen.bodies)
+    ),
+    "telemetry": Capability({"otel_exporter": "otlp-http"}, lambda seen: seen.spans > 0),
+}
+
+ASK = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+#: A tenant's key: usage injection never changes a request without credentials.
+TENANT = {"Authorization": "Bearer tenant-a"}
+
+
+async def _through(
+    url: str,
+    register: StreamRegister[Any],
+    metrics: StreamMetrics,
+    telemetry: Telemetry | None,
+    capability: Capability,
+    model: Model,
+    receiver: Any,
+) -> Seen:
+    """``capability.requests`` streams through one face, and what it did with them."""
+    from test_telemetry import servers
+
+    model.bodies.clear()
+    receiver.spans.clear()
+    bodies = []
+    async with httpx.AsyncClient() as client:
+        for _ in range(capability.requests):
+            answer = await client.post(url + CHAT, json=ASK, headers=TENANT)
+            assert answer.status_code == 200
+            bodies.append(answer.content)
+            # Ended (and learned from) before the next one goes.
+            await wait_for(lambda: len(register.finished) == len(bodies), what="the stream ended")
+    if telemetry is not None:  # whatever was to be exported, exported
+        await telemetry.shutdown_within(10)
+    return Seen(bodies, list(model.bodies), metrics, len(servers(receiver)))
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["planned", "removed"])
+@pytest.mark.parametrize("stage", STAGES, ids=[stage.name for stage in STAGES])
+async def test_removing_a_stages_line_from_the_plan_takes_its_capability_from_both_faces(
+    stage: type[Stage],
+    planned: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    start_sidecar: StartSidecar,
+    receiver: Any,
+) -> None:
+    """Each stage's line is what gives a stream its capability, in the sidecar and the app.
+
+    Planned, each face shows it as the parity table says (the middleware
+    has usage injection's gap); its line removed, neither does.
+    """
+    capability = CAPABILITIES[stage.name]  # a stage added to the plan needs its case here
+    if not planned:
+        monkeypatch.setattr(pipeline, "STAGES", [s for s in STAGES if s is not stage])
+    model = Model(capability.silence)
+    async with serve_in_process(model.app) as upstream:
+        sidecar = await start_sidecar(upstream, **capability.settings)
+        services = sidecar.services
+        by_sidecar = await _through(
+            sidecar.proxy_url,
+            sidecar.tracker,
+            services.metrics,
+            services.telemetry,
+            capability,
+            model,
+            receiver,
+        )
+    guarded = StreamWardenMiddleware(model.app, **capability.settings)
+    async with serve_in_process(guarded) as url:
+        by_middleware = await _through(
+            url, guarded.streams, guarded.metrics, guarded.telemetry, capability, model, receiver
+        )
+    assert capability.shows(by_sidecar) is planned
+    assert capability.shows(by_middleware) is (planned and not stage.middleware_gap)
 
 
 def _answer(stream: bytes) -> str:
