@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from sidecars import StartSidecar, sidecars
 from streamwarden.tools.mock import MockServer, start_mock
+from upstreams import ServeUpstream, serving
 
 if os.environ.get("TEST_EVENT_LOOP") == "uvloop":
     # ``streamwarden run`` picks uvloop when it is installed, so the
@@ -39,19 +42,27 @@ async def start_sidecar() -> AsyncIterator[StartSidecar]:
 
 
 @pytest.fixture
+async def serve_upstream() -> AsyncIterator[ServeUpstream]:
+    """``await start(app, **options)``: the app on a free loopback port, its base URL.
+
+    ``options`` are :func:`upstreams.serving`'s; every app started is stopped after the test.
+    """
+    async with contextlib.AsyncExitStack() as started:
+
+        async def start(app: web.Application, **runner_options: Any) -> str:
+            return await started.enter_async_context(serving(app, **runner_options))
+
+        yield start
+
+
+@pytest.fixture
 async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     """test_telemetry's OTLP receiver, for the faces' exporters (skipped without the otel extra)."""
     pytest.importorskip("opentelemetry.sdk")
-    from aiohttp import web
-
     from test_telemetry import Receiver
 
     served = Receiver()
-    runner = web.AppRunner(served.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{runner.addresses[0][1]}")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    yield served
-    await runner.cleanup()
+    async with serving(served.app) as url:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        yield served

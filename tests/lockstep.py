@@ -9,10 +9,13 @@ runs into its bound. No clock is read; a busy machine is only slower.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+
+from upstreams import serving
 
 
 def token_chunk(index: int) -> bytes:
@@ -31,7 +34,7 @@ class Lockstep:
         self.written = 0
         self._arrived = -1
         self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
+        self._served = contextlib.AsyncExitStack()
         self.url = ""
 
     async def arrived(self, index: int) -> None:
@@ -57,16 +60,11 @@ class Lockstep:
     async def __aenter__(self) -> Lockstep:
         app = web.Application()
         app.router.add_post("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self.url = await self._served.enter_async_context(serving(app, shutdown_timeout=0.1))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._served.aclose()
 
 
 async def lines_in_lockstep(lines: AsyncIterator[bytes], upstream: Lockstep) -> list[bytes]:

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from aiohttp import web
 
 from streamwarden.core.sse import SSEFramer
 from streamwarden.features.resume.model import STREAM_ID_HEADER
+from upstreams import serving
 
 __all__ = [
     "SHAPES",
@@ -140,18 +141,9 @@ class ScriptedChat:
         return response
 
 
-@contextlib.asynccontextmanager
-async def scripted_chat() -> AsyncIterator[str]:
+def scripted_chat() -> contextlib.AbstractAsyncContextManager[str]:
     """A :class:`ScriptedChat` on a free loopback port: its base URL."""
-    runner = web.AppRunner(ScriptedChat().app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    return serving(ScriptedChat().app)
 
 
 def chat_body(asks_usage: bool) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from streamwarden.features.engine.peers import EngineWatchers
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, MockSettings, start_mock
+from upstreams import ServeUpstream
 from waiting import wait_for, wait_until
 
 VLLM = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
@@ -203,7 +204,7 @@ async def test_an_engine_that_cannot_be_scraped_never_touches_a_stream(
 
 
 async def test_a_metrics_page_longer_than_one_read_is_read_to_its_end(
-    mock: MockServer, start_sidecar: StartSidecar
+    mock: MockServer, start_sidecar: StartSidecar, serve_upstream: ServeUpstream
 ) -> None:
     # vLLM's page runs to hundreds of KiB (a histogram per model and label);
     # the counter may come last.
@@ -228,25 +229,18 @@ async def test_a_metrics_page_longer_than_one_read_is_read_to_its_end(
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
-    try:
-        # Without streamwarden's reader: aiohttp's read(n) is what has arrived so far.
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url) as response:
-                first = await response.content.read(len(page) + 1)
-        released.set()
-        assert len(first) < len(page)
-        assert read_engine(first.decode()) is None
-        sidecar = await start_sidecar(mock.url, engine_metrics_url=url)
-        assert sidecar.engine_watch is not None
-        reading = await sidecar.engine_watch.read()
-        assert reading is not None and reading.generated == 120.0
-    finally:
-        await runner.cleanup()
+    url = await serve_upstream(app) + "/metrics"
+    # Without streamwarden's reader: aiohttp's read(n) is what has arrived so far.
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url) as response:
+            first = await response.content.read(len(page) + 1)
+    released.set()
+    assert len(first) < len(page)
+    assert read_engine(first.decode()) is None
+    sidecar = await start_sidecar(mock.url, engine_metrics_url=url)
+    assert sidecar.engine_watch is not None
+    reading = await sidecar.engine_watch.read()
+    assert reading is not None and reading.generated == 120.0
 
 
 # -- the middleware ---------------------------------------------------------------

@@ -20,6 +20,7 @@ from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
+from upstreams import ServeUpstream
 from waiting import wait_for, wait_until_settled
 
 CHAT = "/v1/chat/completions"
@@ -117,7 +118,9 @@ async def test_ten_mebibytes_without_a_newline_hit_the_default_event_limit(
     assert sidecar.tracker.finished[-1].meter.end_state == "limit_exceeded"
 
 
-async def test_invalid_utf8_passes_through_byte_for_byte(start_sidecar: StartSidecar) -> None:
+async def test_invalid_utf8_passes_through_byte_for_byte(
+    start_sidecar: StartSidecar, serve_upstream: ServeUpstream
+) -> None:
     payload = b'data: {"choices":[{"delta":{"content":"\xff\xfe bad \xc3"}}]}\n\ndata: [DONE]\n\n'
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -129,17 +132,10 @@ async def test_invalid_utf8_passes_through_byte_for_byte(start_sidecar: StartSid
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        sidecar = await start_sidecar(f"http://127.0.0.1:{runner.addresses[0][1]}")
-        _, body = await post(sidecar.proxy_url + CHAT)
-        assert body == payload
-        assert sidecar.tracker.finished[-1].meter.end_state == "completed"
-    finally:
-        await runner.cleanup()
+    sidecar = await start_sidecar(await serve_upstream(app))
+    _, body = await post(sidecar.proxy_url + CHAT)
+    assert body == payload
+    assert sidecar.tracker.finished[-1].meter.end_state == "completed"
 
 
 @pytest.mark.parametrize("with_body", [True, False])

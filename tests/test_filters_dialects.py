@@ -10,7 +10,6 @@ keep them. Each case first shows what the client gets without filters.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -24,6 +23,7 @@ from streamwarden.core.relay import Relay
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.pipeline.transforms import with_transforms
 from test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
+from upstreams import ServeUpstream
 
 CARD = "4111111111111111"  # Luhn-valid, as a JSON number would write it
 CARDS = (FilterRule("builtin", "cards", "redact", "cards"),)
@@ -284,7 +284,7 @@ def _events(stream: bytes) -> list[bytes]:
 
 
 @pytest.fixture
-async def token_upstream() -> AsyncIterator[str]:
+async def token_upstream(serve_upstream: ServeUpstream) -> str:
     """Serves the chat and Responses streams with logprobs, one event per write."""
 
     async def serve(request: web.Request) -> web.StreamResponse:
@@ -300,12 +300,7 @@ async def token_upstream() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", serve)
     app.router.add_post("/v1/responses", serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    return await serve_upstream(app)
 
 
 async def _sdk_tokens(base: str) -> tuple[str, str]:

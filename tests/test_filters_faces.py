@@ -32,6 +32,7 @@ from streamwarden.middleware import StreamWardenMiddleware
 from test_filters import SECRET, TEXT, _events_of, openai_chat, redacted_pieces, split_secret
 from test_filters import anthropic as anthropic_stream
 from test_filters import responses as responses_stream
+from upstreams import ServeUpstream
 from waiting import wait_for
 
 PIECES = split_secret(TEXT, SECRET, 3)
@@ -90,15 +91,9 @@ class FixedUpstream:
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[tuple[FixedUpstream, str]]:
+async def upstream(serve_upstream: ServeUpstream) -> tuple[FixedUpstream, str]:
     fixed = FixedUpstream()
-    runner = web.AppRunner(fixed.app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield fixed, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    return fixed, await serve_upstream(fixed.app, handler_cancellation=True)
 
 
 async def chat_text(base: str, headers: dict[str, str] | None = None) -> str:

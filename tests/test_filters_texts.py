@@ -42,6 +42,7 @@ from streamwarden.core.meter import EndState
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware
 from test_filters import BLOCK, REDACT, SECRET, _json, relay, run, split_secret
+from upstreams import ServeUpstream
 from waiting import wait_for
 
 TEXT = f"Your key is {SECRET} and nothing else."
@@ -400,16 +401,11 @@ async def _serve_aiohttp(request: web.Request) -> web.StreamResponse:
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[str]:
+async def upstream(serve_upstream: ServeUpstream) -> str:
     app = web.Application()
     for path in STREAMS:
         app.router.add_post(path, _serve_aiohttp)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    return await serve_upstream(app)
 
 
 def _starlette_app() -> Starlette:

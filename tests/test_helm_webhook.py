@@ -21,13 +21,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from streamwarden.cli import _inject_options, _parser
 from streamwarden.tools.inject import InjectOptions, inject_object
 from streamwarden.tools.webhook import CertificateFiles, webhook_app
 from test_helm_chart import NAMESPACE, RELEASE, objects_of
 from test_webhook import admission_review, apply_patch, patch_of, replicaset_pod
+from upstreams import ServeUpstream, port_of
 
 CHART = Path(__file__).resolve().parent.parent / "helm" / "streamwarden"
 WEBHOOK_ONLY = {"mode": "inject", "webhook": {"enabled": True}}
@@ -205,40 +205,36 @@ def test_the_rendered_command_is_the_webhooks_command_line() -> None:
     assert _inject_options(old_args).native is False
 
 
-async def test_the_generated_certificate_serves_the_api_servers_calls(tmp_path: Path) -> None:
+async def test_the_generated_certificate_serves_the_api_servers_calls(
+    tmp_path: Path, serve_upstream: ServeUpstream
+) -> None:
     objects = render(WEBHOOK_ONLY)
     secret = one(objects, "Secret")
     configuration = one(objects, "MutatingWebhookConfiguration")
     for name in ("tls.crt", "tls.key"):
         (tmp_path / name).write_bytes(base64.b64decode(secret["data"][name]))
     certificates = CertificateFiles(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
-    runner = web.AppRunner(webhook_app(InjectOptions()))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=certificates.context)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
-        # The API server trusts the caBundle only, and calls the Service's DNS name.
-        ca_bundle = base64.b64decode(configuration["webhooks"][0]["clientConfig"]["caBundle"])
-        trusting = ssl.create_default_context(cadata=ca_bundle.decode())
-        pod = replicaset_pod()
-        connector = aiohttp.TCPConnector(ssl=trusting, resolver=_Loopback(SERVICE_DNS))
-        async with aiohttp.ClientSession(connector=connector) as session:
-            url = f"https://{SERVICE_DNS}:{port}/mutate"
-            async with session.post(url, json=admission_review(pod)) as response:
-                answer = await response.json()
-        patch = patch_of(answer)
-        assert patch is not None
-        assert apply_patch(pod, patch) == inject_object(pod, InjectOptions())[0]
-        # And the system's trust store does not know that CA: the caBundle is what counts.
-        connector = aiohttp.TCPConnector(
-            ssl=ssl.create_default_context(), resolver=_Loopback(SERVICE_DNS)
-        )
-        async with aiohttp.ClientSession(connector=connector) as session:
-            with pytest.raises(aiohttp.ClientConnectorCertificateError):
-                await session.post(url, json=admission_review(pod))
-    finally:
-        await runner.cleanup()
+    served = await serve_upstream(webhook_app(InjectOptions()), ssl_context=certificates.context)
+    port = port_of(served)
+    # The API server trusts the caBundle only, and calls the Service's DNS name.
+    ca_bundle = base64.b64decode(configuration["webhooks"][0]["clientConfig"]["caBundle"])
+    trusting = ssl.create_default_context(cadata=ca_bundle.decode())
+    pod = replicaset_pod()
+    connector = aiohttp.TCPConnector(ssl=trusting, resolver=_Loopback(SERVICE_DNS))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        url = f"https://{SERVICE_DNS}:{port}/mutate"
+        async with session.post(url, json=admission_review(pod)) as response:
+            answer = await response.json()
+    patch = patch_of(answer)
+    assert patch is not None
+    assert apply_patch(pod, patch) == inject_object(pod, InjectOptions())[0]
+    # And the system's trust store does not know that CA: the caBundle is what counts.
+    connector = aiohttp.TCPConnector(
+        ssl=ssl.create_default_context(), resolver=_Loopback(SERVICE_DNS)
+    )
+    async with aiohttp.ClientSession(connector=connector) as session:
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await session.post(url, json=admission_review(pod))
 
 
 class _Loopback(aiohttp.abc.AbstractResolver):

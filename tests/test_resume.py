@@ -34,6 +34,7 @@ from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from streamwarden.tools.mock.tokens import mock_text
+from upstreams import ServeUpstream
 from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -324,28 +325,19 @@ async def upstream_with_its_own_ids(request: web.Request) -> web.StreamResponse:
 
 
 async def test_the_sidecar_owns_the_id_field_on_a_resumable_route(
-    start_sidecar: StartSidecar, unused_tcp_port: int
+    start_sidecar: StartSidecar, serve_upstream: ServeUpstream
 ) -> None:
     app = web.Application()
     app.router.add_post(CHAT, upstream_with_its_own_ids)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", unused_tcp_port)
-    await site.start()
-    try:
-        sidecar = await start_sidecar(
-            f"http://127.0.0.1:{unused_tcp_port}", on_client_gone="detach"
-        )
-        async with httpx.AsyncClient() as client:
-            response = await client.post(sidecar.proxy_url + CHAT, json={"stream": True})
-        stream_id = response.headers[STREAM_ID_HEADER]
-        decoder = SSEDecoder()
-        events = decoder.feed(response.content) + decoder.close()
-        assert [e.id for e in events] == [f"{stream_id}.{n}" for n in (1, 2, 3)]
-        assert b"up-" not in response.content
-        assert text_of(events) == "ab"
-    finally:
-        await runner.cleanup()
+    sidecar = await start_sidecar(await serve_upstream(app), on_client_gone="detach")
+    async with httpx.AsyncClient() as client:
+        response = await client.post(sidecar.proxy_url + CHAT, json={"stream": True})
+    stream_id = response.headers[STREAM_ID_HEADER]
+    decoder = SSEDecoder()
+    events = decoder.feed(response.content) + decoder.close()
+    assert [e.id for e in events] == [f"{stream_id}.{n}" for n in (1, 2, 3)]
+    assert b"up-" not in response.content
+    assert text_of(events) == "ab"
 
 
 @pytest.mark.parametrize("code", ["resume_expired", "resume_gap"])

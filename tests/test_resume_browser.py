@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -22,6 +21,7 @@ from aiohttp import web
 from sidecars import StartSidecar
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock.tokens import mock_tokens
+from upstreams import ServeUpstream
 from waiting import wait_for, wait_until
 
 playwright_api = pytest.importorskip("playwright.async_api")
@@ -119,13 +119,9 @@ class Cutter:
 
 
 @pytest.fixture
-async def model(unused_tcp_port: int) -> AsyncIterator[tuple[Model, str]]:
+async def model(serve_upstream: ServeUpstream) -> tuple[Model, str]:
     served = Model()
-    runner = web.AppRunner(served.app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
-    yield served, f"http://127.0.0.1:{unused_tcp_port}"
-    await runner.cleanup()
+    return served, await serve_upstream(served.app)
 
 
 async def answer_after_a_drop(sidecar: Sidecar) -> tuple[str, int]:

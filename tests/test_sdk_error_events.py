@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from sidecars import StartSidecar
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEFramer
 from streamwarden.tools.mock import MockServer, mock_text
+from upstreams import ServeUpstream
 from vercel_reader import (
     VercelStreamError,
     raise_if_failed,
@@ -61,7 +62,7 @@ Replay = Callable[[bytes], str]
 
 
 @pytest.fixture
-async def replay() -> AsyncIterator[Replay]:
+async def replay(serve_upstream: ServeUpstream) -> Replay:
     """Serve the most recently set bytes as an event stream on every POST."""
     body = {"bytes": b""}
 
@@ -75,18 +76,13 @@ async def replay() -> AsyncIterator[Replay]:
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    url = await serve_upstream(app)
 
     def set_bytes(data: bytes) -> str:
         body["bytes"] = data
-        return f"http://127.0.0.1:{port}"
+        return url
 
-    yield set_bytes
-    await runner.cleanup()
+    return set_bytes
 
 
 def cut_before_terminal(name: str, path: str) -> bytes:

@@ -40,6 +40,7 @@ from middleware_apps import serve_in_process
 from sidecars import sidecars
 from streamwarden.core.sse import SSEFramer
 from streamwarden.middleware import StreamWardenMiddleware
+from upstreams import ServeUpstream
 from vercel_reader import (
     VercelStreamError,
     raise_if_failed,
@@ -266,7 +267,7 @@ class Stage:
 
 
 @pytest.fixture
-async def stage() -> AsyncIterator[tuple[Stage, str]]:
+async def stage(serve_upstream: ServeUpstream) -> tuple[Stage, str]:
     """A replay server: every POST gets the staged bytes, then the connection ends."""
     staged = Stage()
 
@@ -280,12 +281,7 @@ async def stage() -> AsyncIterator[tuple[Stage, str]]:
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield staged, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    return staged, await serve_upstream(app)
 
 
 def middleware_app(staged: Stage) -> StreamWardenMiddleware:

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer, create_app
+from upstreams import ServeUpstream
 
 
 async def echo(url: str, method: str = "POST", **kwargs: object) -> dict[str, object]:
@@ -116,7 +117,7 @@ FIXED_BODY = json.dumps({"id": "cmpl-1", "choices": [{"message": {"content": "æ—
 
 
 @pytest.fixture
-async def fixed_upstream() -> AsyncIterator[str]:
+async def fixed_upstream(serve_upstream: ServeUpstream) -> str:
     """Answers every request with the same JSON body and a few telling headers."""
 
     async def handler(request: web.Request) -> web.Response:
@@ -134,12 +135,7 @@ async def fixed_upstream() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    return await serve_upstream(app)
 
 
 async def test_non_streamed_json_passes_through_byte_for_byte(
@@ -162,7 +158,7 @@ async def test_non_streamed_json_passes_through_byte_for_byte(
 
 
 @pytest.fixture
-async def gzip_upstream() -> AsyncIterator[str]:
+async def gzip_upstream(serve_upstream: ServeUpstream) -> str:
     """An upstream that compresses both its JSON and its event stream."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -187,12 +183,7 @@ async def gzip_upstream() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    return await serve_upstream(app)
 
 
 async def test_compressed_json_passes_through_and_compressed_stream_is_decoded(
@@ -344,40 +335,37 @@ def tls() -> tuple[trustme.CA, trustme.LeafCert]:
 
 
 async def test_https_upstream_with_a_configured_ca_bundle(
-    start_sidecar: StartSidecar, tls: tuple[trustme.CA, trustme.LeafCert], tmp_path: Path
+    start_sidecar: StartSidecar,
+    tls: tuple[trustme.CA, trustme.LeafCert],
+    tmp_path: Path,
+    serve_upstream: ServeUpstream,
 ) -> None:
     ca, cert = tls
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(server_context)
-    runner = web.AppRunner(create_app(), handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context)
-    await site.start()
-    port = runner.addresses[0][1]
+    url = await serve_upstream(create_app(), handler_cancellation=True, ssl_context=server_context)
     bundle = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(bundle))
-    try:
-        untrusted = await start_sidecar(f"https://127.0.0.1:{port}")
-        async with aiohttp.ClientSession() as session:
-            async with session.get(untrusted.proxy_url + "/echo/x") as response:
-                assert response.status == 502  # the system store does not know our CA
-        sidecar = await start_sidecar(f"https://127.0.0.1:{port}", upstream_ca_bundle=str(bundle))
-        described = await echo(sidecar.proxy_url + "/echo/tls", "GET")
-        assert described["path"] == "/echo/tls"
-        async with aiohttp.ClientSession() as session:
-            async with session.post(
-                sidecar.proxy_url + "/v1/chat/completions",
-                json={"stream": True},
-                headers={"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "5"},
-            ) as response:
-                assert b"data: [DONE]" in await response.read()
-        assert sidecar.tracker.finished[-1].meter.end_state == "completed"
-    finally:
-        await runner.cleanup()
+    untrusted = await start_sidecar(url)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(untrusted.proxy_url + "/echo/x") as response:
+            assert response.status == 502  # the system store does not know our CA
+    sidecar = await start_sidecar(url, upstream_ca_bundle=str(bundle))
+    described = await echo(sidecar.proxy_url + "/echo/tls", "GET")
+    assert described["path"] == "/echo/tls"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            sidecar.proxy_url + "/v1/chat/completions",
+            json={"stream": True},
+            headers={"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "5"},
+        ) as response:
+            assert b"data: [DONE]" in await response.read()
+    assert sidecar.tracker.finished[-1].meter.end_state == "completed"
 
 
 async def test_unix_socket_upstream(start_sidecar: StartSidecar, tmp_path: Path) -> None:
     path = tmp_path / "upstream.sock"
+    # On a Unix socket, not a loopback port: the one upstream tests/upstreams.py does not serve.
     runner = web.AppRunner(create_app(), handler_cancellation=True)
     await runner.setup()
     site = web.UnixSite(runner, str(path))

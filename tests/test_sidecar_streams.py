@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
 
 import aiohttp
 import anthropic
@@ -25,6 +24,7 @@ from sidecars import StartSidecar
 from streamwarden.core.relay import KEEPALIVE
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.tools.mock import MockServer
+from upstreams import ServeUpstream, port_of
 from waiting import wait_for
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -143,7 +143,7 @@ ADVERSARIAL = (
 
 
 @pytest.fixture
-async def adversarial_upstream() -> AsyncIterator[str]:
+async def adversarial_upstream(serve_upstream: ServeUpstream) -> str:
     """Writes the stream in pieces cut inside multi-byte characters and CRLFs."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -163,12 +163,7 @@ async def adversarial_upstream() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    return await serve_upstream(app)
 
 
 async def sse_events(url: str) -> list[tuple[str, str, str]]:
@@ -317,7 +312,7 @@ async def test_client_leaving_closes_the_silent_upstream(
 
 
 async def test_a_naive_proxy_leaves_the_silent_upstream_running(
-    mock: MockServer, start_sidecar: StartSidecar
+    mock: MockServer, start_sidecar: StartSidecar, serve_upstream: ServeUpstream
 ) -> None:
     """The baseline: an aiohttp proxy without handler cancellation never notices."""
 
@@ -337,12 +332,8 @@ async def test_a_naive_proxy_leaves_the_silent_upstream_running(
     app = web.Application()
     app.router.add_post("/{tail:.*}", naive)
     # aiohttp's default is handler_cancellation=False.
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    await leave_in_silence(port, mock, "naive")
+    naive_url = await serve_upstream(app, shutdown_timeout=0.1)
+    await leave_in_silence(port_of(naive_url), mock, "naive")
     # The same client through the sidecar, after it: its upstream is closed,
     # while the naive proxy's, left first, is still open.
     sidecar = await start_sidecar(mock.url)
@@ -350,7 +341,6 @@ async def test_a_naive_proxy_leaves_the_silent_upstream_running(
     await mock.stats.wait_ended("sidecar", timeout=10)
     record = mock.stats.get("naive")
     assert record is not None and not record.ended  # still generating for nobody
-    await runner.cleanup()
 
 
 # -- faults --------------------------------------------------------------------
@@ -452,7 +442,9 @@ async def test_early_headers_keep_a_long_prefill_alive(
 
 
 @pytest.fixture
-async def slow_rate_limited_upstream() -> AsyncIterator[tuple[str, asyncio.Event]]:
+async def slow_rate_limited_upstream(
+    serve_upstream: ServeUpstream,
+) -> tuple[str, asyncio.Event]:
     """Thinks until released, then answers 429 (as a busy provider does after queueing)."""
     released = asyncio.Event()
 
@@ -463,12 +455,7 @@ async def slow_rate_limited_upstream() -> AsyncIterator[tuple[str, asyncio.Event
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}", released
-    await runner.cleanup()
+    return await serve_upstream(app, shutdown_timeout=0.1), released
 
 
 async def test_early_headers_turn_a_later_error_status_into_an_error_event(

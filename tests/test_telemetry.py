@@ -25,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
+from upstreams import ServeUpstream
 from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -62,18 +63,12 @@ class Receiver:
 
 
 @pytest.fixture
-async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Receiver]:
+async def receiver(monkeypatch: pytest.MonkeyPatch, serve_upstream: ServeUpstream) -> Receiver:
     served = Receiver()
-    runner = web.AppRunner(served.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", await serve_upstream(served.app))
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
-    yield served
-    await runner.cleanup()
+    return served
 
 
 def attributes(span: Any) -> dict[str, Any]:

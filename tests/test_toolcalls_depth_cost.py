@@ -45,6 +45,7 @@ from streamwarden.core.meter import EndState
 from streamwarden.core.sse import Event
 from streamwarden.middleware import StreamWardenMiddleware
 from tool_streams import BY_NAME, LIMITS, error_of
+from upstreams import ServeUpstream
 from waiting import wait_for
 
 SSE = {"Content-Type": "text/event-stream"}
@@ -79,7 +80,7 @@ class Stage:
 
 
 @pytest.fixture
-async def stage() -> AsyncIterator[tuple[Stage, str]]:
+async def stage(serve_upstream: ServeUpstream) -> tuple[Stage, str]:
     """A real upstream: every POST gets the bytes staged for its path, then a clean end."""
     staged = Stage()
 
@@ -94,12 +95,7 @@ async def stage() -> AsyncIterator[tuple[Stage, str]]:
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield staged, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    return staged, await serve_upstream(app)
 
 
 def guarded_app(staged: Stage, **settings: Any) -> StreamWardenMiddleware:

@@ -33,6 +33,7 @@ from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.tools.mock import MockServer
 from streamwarden.tools.mock.tokens import mock_text, tool_call_fragments
 from tool_streams import STREAMS, ToolStream, arguments_in, error_of, names_the_call
+from upstreams import ServeUpstream
 from waiting import wait_for
 
 TOKENS = 8
@@ -236,22 +237,16 @@ class Spans:
 
 
 @pytest.fixture
-async def spans(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Spans]:
+async def spans(monkeypatch: pytest.MonkeyPatch, serve_upstream: ServeUpstream) -> Spans:
     """The receiver; asked for before the sidecar, it outlives the sidecar's last flush."""
     pytest.importorskip("opentelemetry.sdk")
     received = Spans()
     app = web.Application()
     app.router.add_post("/v1/traces", received.traces)
     app.router.add_post("/v1/metrics", received.metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    endpoint = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", await serve_upstream(app))
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    yield received
-    await runner.cleanup()
+    return received
 
 
 async def test_the_span_names_the_cut_call(

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
 from middleware_apps import serve_in_process
 from sidecars import StartSidecar, sidecars
@@ -52,6 +51,7 @@ from transparency_cases import (
     sse_events,
     variants,
 )
+from upstreams import serving
 from waiting import wait_for
 
 # One event loop for the module: the upstreams and uvicorn servers are shared
@@ -78,12 +78,8 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def replay() -> AsyncIterator[str]:
-    runner = web.AppRunner(ReplayUpstream(CASES).app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    async with serving(ReplayUpstream(CASES).app, access_log=None) as url:
+        yield url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder
+from upstreams import ServeUpstream, port_of
 from waiting import wait_for, wait_until_settled
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -399,7 +400,7 @@ async def test_expect_100_continue_uploads_complete_against_an_upstream_that_nev
 
 
 async def test_a_client_that_never_reads_a_huge_json_response_is_cut_and_the_upstream_closed(
-    start_sidecar: StartSidecar,
+    start_sidecar: StartSidecar, serve_upstream: ServeUpstream
 ) -> None:
     block = b'{"pad": "' + b"x" * 65_000 + b'"},\n'
     written = 0
@@ -420,11 +421,7 @@ async def test_a_client_that_never_reads_a_huge_json_response_is_cut_and_the_ups
 
     app = web.Application()
     app.router.add_get("/huge", huge)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    port = port_of(await serve_upstream(app))
 
     async def stalled_client(target_port: int) -> socket.socket:
         sock = socket.socket()
@@ -436,36 +433,33 @@ async def test_a_client_that_never_reads_a_huge_json_response_is_cut_and_the_ups
         )
         return sock
 
-    try:
-        # Without streamwarden the upstream's write just waits, for ever.
-        direct = await stalled_client(port)
-        stuck_at = await wait_until_settled(lambda: written, quiet=0.5, timeout=30)
-        assert not finished.is_set() and stuck_at < 1024**3
-        direct.close()
-        await asyncio.wait_for(finished.wait(), 10)
+    # Without streamwarden the upstream's write just waits, for ever.
+    direct = await stalled_client(port)
+    stuck_at = await wait_until_settled(lambda: written, quiet=0.5, timeout=30)
+    assert not finished.is_set() and stuck_at < 1024**3
+    direct.close()
+    await asyncio.wait_for(finished.wait(), 10)
 
-        finished.clear()
-        written = 0
-        sidecar = await start_sidecar(f"http://127.0.0.1:{port}", client_write_timeout="300ms")
-        through = await stalled_client(sidecar.proxy_port)
-        try:
-            # The sidecar cuts the client after client_write_timeout and
-            # closes the upstream connection: the upstream's write fails.
-            await asyncio.wait_for(finished.wait(), 20)
-            assert written < 1024**3
-            pool = sidecar.proxy.pool
-            assert pool is not None
-            await wait_for(lambda: not pool.busy and pool.idle_count == 0)
-            # And the client's connection is cut (reset), not left open.
-            loop = asyncio.get_running_loop()
-            async with asyncio.timeout(10):
-                with contextlib.suppress(ConnectionResetError):
-                    while await loop.sock_recv(through, 1 << 20):
-                        pass
-        finally:
-            through.close()
+    finished.clear()
+    written = 0
+    sidecar = await start_sidecar(f"http://127.0.0.1:{port}", client_write_timeout="300ms")
+    through = await stalled_client(sidecar.proxy_port)
+    try:
+        # The sidecar cuts the client after client_write_timeout and
+        # closes the upstream connection: the upstream's write fails.
+        await asyncio.wait_for(finished.wait(), 20)
+        assert written < 1024**3
+        pool = sidecar.proxy.pool
+        assert pool is not None
+        await wait_for(lambda: not pool.busy and pool.idle_count == 0)
+        # And the client's connection is cut (reset), not left open.
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(10):
+            with contextlib.suppress(ConnectionResetError):
+                while await loop.sock_recv(through, 1 << 20):
+                    pass
     finally:
-        await runner.cleanup()
+        through.close()
 
 
 # -- stream_media_types, with and without early headers -------------------------

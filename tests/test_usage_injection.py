@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -35,6 +35,7 @@ from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from transparency_cases import BODIES_SENT_UNCHANGED as UNCHANGED
 from transparency_cases import BODIES_SPLICED as SPLICED
+from upstreams import ServeUpstream
 from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -212,27 +213,6 @@ class RecordingUpstream:
         return response
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[RecordingUpstream], Awaitable[str]]]:
-    runners: list[web.AppRunner] = []
-
-    async def start(upstream: RecordingUpstream) -> str:
-        runner = web.AppRunner(upstream.app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        port = runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
-Serve = Callable[[RecordingUpstream], Awaitable[str]]
-
-
 async def post(
     url: str, body: bytes | dict[str, Any], headers: dict[str, str] | None = None
 ) -> httpx.Response:
@@ -244,10 +224,10 @@ async def post(
 
 
 async def test_the_default_config_never_changes_a_request(
-    serve: Serve, start_sidecar: StartSidecar
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar
 ) -> None:
     upstream = RecordingUpstream()
-    sidecar = await start_sidecar(await serve(upstream))  # the defaults
+    sidecar = await start_sidecar(await serve_upstream(upstream.app))  # the defaults
     sent = json.dumps(REQUEST).encode()
     for _ in range(3):
         await post(sidecar.proxy_url, sent)
@@ -257,10 +237,10 @@ async def test_the_default_config_never_changes_a_request(
 
 
 async def test_the_upstream_receives_the_body_with_the_option_added_and_its_length(
-    serve: Serve, start_sidecar: StartSidecar
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar
 ) -> None:
     upstream = RecordingUpstream()
-    sidecar = await start_sidecar(await serve(upstream), usage_injection="auto")
+    sidecar = await start_sidecar(await serve_upstream(upstream.app), usage_injection="auto")
     sent = b'{"model": "m",\n "stream": true}\r\n'
     responses = [await post(sidecar.proxy_url, sent) for _ in range(2)]
     # The client's bytes, the member spliced in before the closing brace.
@@ -274,10 +254,10 @@ async def test_the_upstream_receives_the_body_with_the_option_added_and_its_leng
 
 
 async def test_a_request_without_credentials_is_never_changed_and_teaches_nothing(
-    serve: Serve, start_sidecar: StartSidecar
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar
 ) -> None:
     upstream = RecordingUpstream()
-    sidecar = await start_sidecar(await serve(upstream), usage_injection="auto")
+    sidecar = await start_sidecar(await serve_upstream(upstream.app), usage_injection="auto")
     sent = json.dumps(REQUEST).encode()
     async with httpx.AsyncClient() as client:
         for _ in range(3):
@@ -291,10 +271,10 @@ def body_ids(cases: list[tuple[str, bytes]]) -> list[str]:
 
 @pytest.mark.parametrize("sent", [body for _, body in UNCHANGED], ids=body_ids(UNCHANGED))
 async def test_bodies_it_cannot_rewrite_with_certainty_go_unchanged(
-    serve: Serve, start_sidecar: StartSidecar, sent: bytes
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar, sent: bytes
 ) -> None:
     upstream = RecordingUpstream()
-    url = await serve(upstream)
+    url = await serve_upstream(upstream.app)
     direct = await post(url, sent)
     sidecar = await start_sidecar(url, usage_injection="auto")
     await post(sidecar.proxy_url, REQUEST)  # the kind's habit learned: the next may change
@@ -306,10 +286,10 @@ async def test_bodies_it_cannot_rewrite_with_certainty_go_unchanged(
 
 @pytest.mark.parametrize("sent", [body for _, body in SPLICED], ids=body_ids(SPLICED))
 async def test_a_body_it_rewrites_reaches_the_upstream_as_sent_plus_the_member(
-    serve: Serve, start_sidecar: StartSidecar, sent: bytes
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar, sent: bytes
 ) -> None:
     upstream = RecordingUpstream()
-    url = await serve(upstream)
+    url = await serve_upstream(upstream.app)
     direct = await post(url, sent)
     sidecar = await start_sidecar(url, usage_injection="auto")
     await post(sidecar.proxy_url, REQUEST)
@@ -321,11 +301,13 @@ async def test_a_body_it_rewrites_reaches_the_upstream_as_sent_plus_the_member(
 
 
 async def test_a_body_over_the_bound_goes_unchanged_and_whole(
-    serve: Serve, start_sidecar: StartSidecar
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar
 ) -> None:
     upstream = RecordingUpstream()
     sidecar = await start_sidecar(
-        await serve(upstream), usage_injection="auto", usage_injection_max_body_bytes="1KiB"
+        await serve_upstream(upstream.app),
+        usage_injection="auto",
+        usage_injection_max_body_bytes="1KiB",
     )
     big = json.dumps({"model": "m", "stream": True, "messages": [{"content": "x" * 5000}]})
 
@@ -341,10 +323,10 @@ async def test_a_body_over_the_bound_goes_unchanged_and_whole(
 
 
 async def test_an_upstream_that_refuses_the_option_gets_the_request_unchanged_and_is_remembered(
-    serve: Serve, start_sidecar: StartSidecar
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar
 ) -> None:
     upstream = RecordingUpstream(old=True)
-    sidecar = await start_sidecar(await serve(upstream), usage_injection="auto")
+    sidecar = await start_sidecar(await serve_upstream(upstream.app), usage_injection="auto")
     sent = json.dumps(REQUEST).encode()
     answers = [await post(sidecar.proxy_url, sent) for _ in range(3)]
     assert [answer.status_code for answer in answers] == [200, 200, 200]
@@ -357,10 +339,10 @@ async def test_an_upstream_that_refuses_the_option_gets_the_request_unchanged_an
 
 
 async def test_another_400_reaches_the_client_as_it_came(
-    start_sidecar: StartSidecar, serve: Serve
+    start_sidecar: StartSidecar, serve_upstream: ServeUpstream
 ) -> None:
     upstream = RecordingUpstream(refuse=True)
-    sidecar = await start_sidecar(await serve(upstream), usage_injection="auto")
+    sidecar = await start_sidecar(await serve_upstream(upstream.app), usage_injection="auto")
     response = await post(sidecar.proxy_url, REQUEST)
     assert response.status_code == 400
     assert response.json() == {"error": {"message": "model not found"}}
@@ -368,13 +350,13 @@ async def test_another_400_reaches_the_client_as_it_came(
 
 
 async def test_a_400_that_quotes_the_request_is_the_clients_and_the_request_goes_once(
-    start_sidecar: StartSidecar, serve: Serve
+    start_sidecar: StartSidecar, serve_upstream: ServeUpstream
 ) -> None:
     upstream = RecordingUpstream(echoes=True)
-    sidecar = await start_sidecar(await serve(upstream), usage_injection="auto")
+    sidecar = await start_sidecar(await serve_upstream(upstream.app), usage_injection="auto")
     await post(sidecar.proxy_url, REQUEST)  # learned: the next is injected
     hot = {**REQUEST, "temperature": 5}
-    direct = await post(await serve(RecordingUpstream(echoes=True)), hot)
+    direct = await post(await serve_upstream(RecordingUpstream(echoes=True).app), hot)
     through = await post(sidecar.proxy_url, hot)
     # vLLM's validation error quotes the request, the added member with it:
     # not a refusal of the option, so not a reason to send the request again.
@@ -425,10 +407,10 @@ async def chat_bodies(
     ids=["forced", "forced-marks", "forced-nulls", "nulls", "vllm", "openai"],
 )
 async def test_the_client_gets_every_byte_the_upstream_sends_it_unasked(
-    serve: Serve, start_sidecar: StartSidecar, habit: dict[str, bool]
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar, habit: dict[str, bool]
 ) -> None:
     upstream = RecordingUpstream(**habit)
-    url = await serve(upstream)
+    url = await serve_upstream(upstream.app)
     (direct,) = await chat_bodies(url, 1)
     sidecar = await start_sidecar(url, usage_injection="auto")
     through = await chat_bodies(sidecar.proxy_url, 3)
@@ -456,12 +438,12 @@ async def test_the_client_gets_every_byte_the_upstream_sends_it_unasked(
     ids=["empty", "one", "string-true"],
 )
 async def test_a_stream_options_shape_the_upstream_reads_otherwise_teaches_nothing(
-    serve: Serve, start_sidecar: StartSidecar, options: dict[str, Any]
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar, options: dict[str, Any]
 ) -> None:
     # vLLM takes any stream_options object as asking for usage unless it
     # says include_usage false; the sidecar never reads a shape for it.
     upstream = RecordingUpstream(like_vllm=True, marks=False)
-    url = await serve(upstream)
+    url = await serve_upstream(upstream.app)
     victim = {**REQUEST, "stream_options": options}
     (direct,) = await chat_bodies(url, 1, victim)
     assert b'"choices": [], "usage"' in direct
@@ -482,7 +464,7 @@ async def test_a_stream_options_shape_the_upstream_reads_otherwise_teaches_nothi
     ids=["authorization", "goog-api-key", "query"],
 )
 async def test_a_gateways_other_backend_is_learned_on_its_own(
-    serve: Serve, start_sidecar: StartSidecar, victim: dict[str, str], routes: str
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar, victim: dict[str, str], routes: str
 ) -> None:
     """A gateway sends tenant b (by key, or by query) to a backend that forces usage."""
 
@@ -494,7 +476,7 @@ async def test_a_gateways_other_backend_is_learned_on_its_own(
         )
 
     upstream = RecordingUpstream(forced_for=to_b)
-    url = await serve(upstream)
+    url = await serve_upstream(upstream.app)
     target = "?tenant=b" if routes == "query" else ""
     headers = {} if routes == "query" else victim
 
@@ -514,7 +496,7 @@ async def test_a_gateways_other_backend_is_learned_on_its_own(
 
 
 async def test_a_flood_of_kinds_cannot_push_out_what_was_learned(
-    serve: Serve, start_sidecar: StartSidecar
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar
 ) -> None:
     """Behind one address, a replica that forces usage and one that does not.
 
@@ -523,7 +505,7 @@ async def test_a_flood_of_kinds_cannot_push_out_what_was_learned(
     later lesson from the second cannot make it take the first's count back.
     """
     upstream = RecordingUpstream(forced_for=lambda r: r.headers.get("x-replica") == "forcing")
-    url = await serve(upstream)
+    url = await serve_upstream(upstream.app)
     forcing = {"x-replica": "forcing"}
     (direct,) = await chat_bodies(url, 1, headers=forcing)
     assert b'"choices": [], "usage"' in direct

@@ -30,13 +30,13 @@ from typing import Any
 import aiohttp
 import pytest
 import trustme
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamwarden.tools import webhook as webhook_module
 from streamwarden.tools.inject import SKIPPED, InjectOptions, inject_object
 from streamwarden.tools.webhook import CertificateFiles, webhook_app
+from upstreams import ServeUpstream, port_of
 from waiting import wait_until
 
 Review = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -248,18 +248,12 @@ class Webhook:
 
 
 @pytest.fixture
-async def webhook(tmp_path: Path) -> AsyncIterator[Webhook]:
+async def webhook(tmp_path: Path, serve_upstream: ServeUpstream) -> Webhook:
     ca = trustme.CA()
     write_pair(ca.issue_cert("127.0.0.1", "localhost"), tmp_path)
     certificates = CertificateFiles(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
-    runner = web.AppRunner(webhook_app(InjectOptions()))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=certificates.context)
-    await site.start()
-    try:
-        yield Webhook(certificates, runner.addresses[0][1], ca)
-    finally:
-        await runner.cleanup()
+    served = await serve_upstream(webhook_app(InjectOptions()), ssl_context=certificates.context)
+    return Webhook(certificates, port_of(served), ca)
 
 
 @pytest.fixture
