@@ -195,3 +195,12 @@ def test_removing_an_id_line_never_joins_a_cr_with_the_blocks_end() -> None:
     assert decoder.feed(strip_ids(b": c\rid\n\n") + b"data: next\n\n")[0].data == "next"
     (event,) = SSEDecoder().feed(stamp(b"data: \rid\n\n", b"abc.7"))
     assert (event.data, event.id) == ("", "abc.7")
+
+
+def test_query_credentials_that_differ_in_any_byte_make_different_owners() -> None:
+    # Decoded as UTF-8 with replacement, %FF and %FE were one character, one owner.
+    def owner(query: str) -> str:
+        return owner_digest([], "s1", query_string=query)
+
+    assert owner("key=%FF") != owner("key=%FE")
+    assert owner("key=%C3%A9") == owner("key=%C3%A9") != owner("key=%C3%A8")

@@ -300,6 +300,26 @@ async def test_a_body_it_rewrites_reaches_the_upstream_as_sent_plus_the_member(
     assert sidecar.tracker.finished[-1].meter.tokens_source == "provider"
 
 
+@pytest.mark.parametrize(
+    "signed",
+    [
+        {"x-amz-content-sha256": "e3b0c44298fc1c149afbf4c8996fb924"},
+        {"Content-Digest": "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"},
+        {"Authorization": "AWS4-HMAC-SHA256 Credential=AKID/20261205/us-east-1/bedrock"},
+    ],
+    ids=["sigv4-payload", "content-digest", "sigv4"],
+)
+async def test_a_body_signed_or_digested_goes_unchanged(
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar, signed: dict[str, str]
+) -> None:
+    upstream = RecordingUpstream()
+    sidecar = await start_sidecar(await serve_upstream(upstream.app), usage_injection="auto")
+    sent = json.dumps(REQUEST).encode()
+    await post(sidecar.proxy_url, sent, signed)  # the kind learned
+    await post(sidecar.proxy_url, sent, signed)
+    assert upstream.bodies == [sent, sent]  # a changed body would fail its signature
+
+
 async def test_a_body_over_the_bound_goes_unchanged_and_whole(
     serve_upstream: ServeUpstream, start_sidecar: StartSidecar
 ) -> None:
@@ -558,6 +578,16 @@ def test_a_full_table_learns_no_new_kind_and_keeps_the_old() -> None:
     assert isinstance(habits.role(("/b", "h", "m", "d"), 60.5), HabitWatch)
 
 
+def test_a_refusal_is_remembered_from_when_it_came() -> None:
+    from streamwarden.core.usage import TakeBack, UsageHabit, UsageHabits
+
+    habits = UsageHabits(memory=600.0)
+    habits.learn(KEY, UsageHabit(volunteers=False, marks_null=False), 0.0)
+    assert habits.role(KEY, 590.0) == TakeBack()
+    habits.refused(KEY, 599.0)  # refused just before the habit would expire
+    assert habits.role(KEY, 650.0) is None  # still left alone, not learned anew
+
+
 def test_a_habit_only_learns_towards_leaving_bytes_alone() -> None:
     from streamwarden.core.usage import HabitWatch, UsageHabit, UsageHabits
 
@@ -581,6 +611,9 @@ def test_a_kind_is_keyed_by_its_credentials_and_holds_none_of_them() -> None:
     assert a is not None and b is not None and a != b
     assert a == habits.key(CHAT, "h", "m", [("authorization", "Bearer sk-a")])
     assert "sk-a" not in repr(a)
+    # Nor does the target keep a credential of the query.
+    in_query = habits.key(CHAT + "?key=sk-q", "h", "m", [("?key", "sk-q")])
+    assert in_query is not None and "sk-q" not in repr(in_query)
     assert habits.key(CHAT, "h", "m", []) is None  # no credentials: never injected
 
 

@@ -141,6 +141,11 @@ BODIES_SENT_UNCHANGED = [
     ("names-it-escaped", _chat(b',"messages":[{"role":"user","content":"stream\\u005foptions"}]')),
     ("utf-16", '{"model":"m","stream":true}'.encode("utf-16")),
     ("bom", b"\xef\xbb\xbf" + _chat(b"")),
+    # Names some parsers match without regard to case (Go, .NET), or with
+    # Go's folding of the long s: which member would the upstream read?
+    ("case-stream-options", _chat(b',"Stream_Options":{"include_usage":true}')),
+    ("case-stream", b'{"model":"m","stream":true,"STREAM":false}'),
+    ("long-s-stream-options", _chat(b',"\\u017ftream_options":{"include_usage":true}')),
     ("not-json", b'not json at all, but asking for a stream: "stream": true'),
     ("not-an-object", b'[{"model":"m","stream":true}]'),
 ]

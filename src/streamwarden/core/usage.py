@@ -202,11 +202,21 @@ class UsageHabits:
         seen = sorted(credentials)
         if not seen:
             return None
-        digest = hashlib.blake2b(key=self._secret, digest_size=16)
+        digest = self._digest()
         for name, value in seen:
             digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
             digest.update(value.encode("utf-8", "surrogateescape") + b"\0")
-        return (target, host, model, digest.hexdigest())
+        # The target and host as digests too: a query may hold a credential
+        # (?key=), and an entry stays small whatever a client sends.
+        kept = []
+        for part in (target, host):
+            hashed = self._digest()
+            hashed.update(part.encode("utf-8", "surrogateescape"))
+            kept.append(hashed.hexdigest())
+        return (kept[0], kept[1], model, digest.hexdigest())
+
+    def _digest(self) -> Any:
+        return hashlib.blake2b(key=self._secret, digest_size=16)
 
     def role(self, key: HabitKey, now: float) -> UsageRole:
         """For a request the sidecar could inject: take back this, watch, or leave it.
@@ -243,8 +253,18 @@ class UsageHabits:
             known[key] = (habit, now)
 
     def refused(self, key: HabitKey, now: float) -> None:
-        """The upstream refused the option for this kind: leave it alone for the memory."""
-        self.learn(key, UsageHabit(False, False, refuses_option=True), now)
+        """The upstream refused the option for this kind: leave it alone for the memory.
+
+        From now, whatever was learned of the kind before: a refusal near a
+        habit's expiry must not be forgotten a moment later.
+        """
+        self._forget_expired(now)
+        held = self._known.pop(key, None)
+        if held is None and len(self._known) >= self._kinds:
+            return  # a full table: the kind is not injected anyway
+        old = held[0] if held is not None else UsageHabit(False, False)
+        refused = UsageHabit(old.volunteers, old.marks_null, old.numbers_events, True)
+        self._known[key] = (refused, now)  # at the end: the newest
 
     def _forget_expired(self, now: float) -> None:
         known = self._known
@@ -287,13 +307,30 @@ def _constant(name: str) -> Any:
     raise _Uncertain(f"{name} is not JSON")  # Python's json would take NaN, Infinity
 
 
+#: Member names a server reads; some (Go's encoding/json, .NET) match names
+#: without regard to case, and Go folds ``ſ`` to ``s`` and the Kelvin sign
+#: to ``k``: the sidecar only changes a request whose every top-level name
+#: is one of these exactly or none of them in any spelling.
+_READ_NAMES = frozenset({"stream", "model", "stream_options"})
+
+
+def _names_read_alike(request: dict[str, Any]) -> bool:
+    folded = [name.casefold() for name in request]
+    if len(set(folded)) != len(folded):
+        return False  # "stream" and "Stream": which one does the upstream read?
+    return all(
+        name in _READ_NAMES or fold not in _READ_NAMES
+        for name, fold in zip(request, folded, strict=True)
+    )
+
+
 def _names_the_option(value: Any) -> bool:
-    """Whether any name or string in the request holds ``stream_options`` (decoded)."""
+    """Whether any name or string in the request holds ``stream_options`` (decoded, any case)."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if "stream_options" in item:
+            if "stream_options" in item.casefold():
                 return True
         elif isinstance(item, dict):
             stack.extend(item)
@@ -321,12 +358,14 @@ def usage_request(body: bytes) -> UsageRequest | None:
         return None
     if not isinstance(request, dict) or request.get("stream") is not True:
         return None
+    if not _names_read_alike(request):
+        return None
     model = request.get("model", "")
     if not isinstance(model, str) or len(model) > MAX_MODEL_NAME:
         return None
     # The client's own stream_options, in whatever shape (the upstream reads
     # it its own way), or the name anywhere, maybe spelt with escapes.
-    if ("stream_options" in text or "\\" in text) and _names_the_option(request):
+    if ("stream_options" in text.casefold() or "\\" in text) and _names_the_option(request):
         return None
     # The object's closing brace: the last byte but JSON whitespace.
     end = len(body.rstrip(b" \t\r\n")) - 1

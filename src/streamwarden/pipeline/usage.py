@@ -35,6 +35,12 @@ from streamwarden.pipeline.takeback import usage_transform
 
 __all__ = ["UsageTakeBack"]
 
+#: Request headers that sign or digest the body (AWS SigV4, RFC 9530, RFC 1864):
+#: a body with one goes as it came.
+_SIGNED_BODY = frozenset(
+    {"x-amz-content-sha256", "content-digest", "repr-digest", "content-md5", "digest"}
+)
+
 log = logging.getLogger("streamwarden.proxy")
 
 
@@ -89,6 +95,10 @@ class UsageTakeBack(Stage):
         length = request.content_length
         if length is not None and length > self._max_body_bytes:
             return False
+        for name, value in request.headers:
+            lower = name.lower()
+            if lower in _SIGNED_BODY or (lower == "authorization" and value.startswith("AWS4-")):
+                return False  # a body signed or digested: changed, it would fail the check
         found = detect(
             route.dialect, path=request.path, content_type=SSE_MEDIA_TYPE, headers={}, framing="sse"
         )
@@ -113,7 +123,10 @@ class UsageTakeBack(Stage):
         ]
         credentials += [
             ("?" + name, value)
-            for name, value in parse_qsl(request.query_string, keep_blank_values=True)
+            # One character a byte: distinct keys stay distinct (see resume owners).
+            for name, value in parse_qsl(
+                request.query_string, keep_blank_values=True, encoding="latin-1"
+            )
             if name in CREDENTIAL_QUERY_PARAMETERS
         ]
         kind = self._habits.key(request.target, request.host, asked.model, credentials)

@@ -193,9 +193,11 @@ def owner_digest(
         params = names.query_params
         # "?" starts no header name; the value re-quoted, so that no byte of
         # it (a decoded %00 or "=") can pass for a separator of the message.
+        # Decoded as latin-1, one character a byte: UTF-8's replacement of
+        # invalid bytes would make ?key=%FF and ?key=%FE one owner.
         parts += sorted(
-            f"?{name.lower()}={quote(value, safe='')}"
-            for name, value in parse_qsl(query_string, keep_blank_values=True)
+            f"?{name.lower()}={quote(value, safe='', encoding='latin-1')}"
+            for name, value in parse_qsl(query_string, keep_blank_values=True, encoding="latin-1")
             if name.lower() in params
         )
     message = b"\0".join(part.encode("utf-8", "surrogateescape") for part in parts)
