@@ -606,13 +606,13 @@ def test_a_kind_is_keyed_by_its_credentials_and_holds_none_of_them() -> None:
     from streamwarden.core.usage import UsageHabits
 
     habits = UsageHabits()
-    a = habits.key(CHAT, "h", "m", [("authorization", "Bearer sk-a")])
-    b = habits.key(CHAT, "h", "m", [("authorization", "Bearer sk-b")])
+    a = habits.key(CHAT, "h", "m", ["authorization=Bearer sk-a"])
+    b = habits.key(CHAT, "h", "m", ["authorization=Bearer sk-b"])
     assert a is not None and b is not None and a != b
-    assert a == habits.key(CHAT, "h", "m", [("authorization", "Bearer sk-a")])
+    assert a == habits.key(CHAT, "h", "m", ["authorization=Bearer sk-a"])
     assert "sk-a" not in repr(a)
     # Nor does the target keep a credential of the query.
-    in_query = habits.key(CHAT + "?key=sk-q", "h", "m", [("?key", "sk-q")])
+    in_query = habits.key(CHAT + "?key=sk-q", "h", "m", ["?key=sk-q"])
     assert in_query is not None and "sk-q" not in repr(in_query)
     assert habits.key(CHAT, "h", "m", []) is None  # no credentials: never injected
 
@@ -721,3 +721,19 @@ async def test_a_stream_cut_before_its_end_teaches_no_habit(
     await wait_for(lambda: len(sidecar.tracker.finished) == 2)
     # Both went unchanged: a truncated stream shows nothing of what comes at the end.
     assert [r.meter.tokens_source for r in sidecar.tracker.finished] == ["estimated"] * 2
+
+
+def test_two_sets_of_query_credentials_never_join_into_one_kind() -> None:
+    from streamwarden.core.headers import credential_parts
+    from streamwarden.core.usage import UsageHabits
+
+    habits = UsageHabits()
+
+    def kind(query: str) -> Any:
+        return habits.key(CHAT, "h", "m", credential_parts([], query))
+
+    # A NUL and a "?key" decoded into one value must not spell two values.
+    assert kind("key=a&key=b") != kind("key=a%00%3Fkey%3Db")
+    assert kind("key=a&key=b") != kind("key=a%00%3Fkey%00b")
+    assert kind("key=%FF") != kind("key=%FE")
+    assert kind("KEY=a") == kind("key=a")  # names in any case, as owners read them

@@ -16,12 +16,14 @@ ASGI middleware apply exactly the same rules.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from urllib.parse import parse_qsl, quote
 
 __all__ = [
     "CREDENTIAL_HEADERS",
     "CREDENTIAL_QUERY_PARAMETERS",
     "HOP_BY_HOP",
     "SECRET_HEADERS",
+    "credential_parts",
     "drop_hop_by_hop",
     "merge_cache_control",
     "redact",
@@ -77,6 +79,38 @@ CREDENTIAL_QUERY_PARAMETERS = (
 )
 
 Pairs = Iterable[tuple[str, str]]
+
+
+def credential_parts(
+    headers: Pairs,
+    query_string: str,
+    header_names: Iterable[str] = CREDENTIAL_HEADERS,
+    query_names: Iterable[str] = CREDENTIAL_QUERY_PARAMETERS,
+) -> list[str]:
+    """A request's credentials, one canonical ``name=value`` string each, in a fixed order.
+
+    Names lower-case, in any order and number; a query parameter's name
+    starts with ``?`` (no header name does) and its value is decoded one
+    character a byte (latin-1: UTF-8's replacement would make ``?key=%FF``
+    and ``?key=%FE`` one) and quoted again, so that no byte of it (a decoded
+    ``%00`` or ``=``) can pass for a separator when the parts are joined. A
+    header value holds no NUL (HTTP forbids it). Both the owner of a
+    resumable stream and the kind of a usage-injected request are digests
+    of these parts.
+    """
+    wanted = frozenset(name.lower() for name in header_names)
+    seen = sorted(
+        (name.lower(), value.strip()) for name, value in headers if name.lower() in wanted
+    )
+    parts = [f"{n}={v}" for n, v in seen]
+    if query_string:
+        params = frozenset(name.lower() for name in query_names)
+        parts += sorted(
+            f"?{name.lower()}={quote(value, safe='', encoding='latin-1')}"
+            for name, value in parse_qsl(query_string, keep_blank_values=True, encoding="latin-1")
+            if name.lower() in params
+        )
+    return parts
 
 
 def drop_hop_by_hop(headers: Pairs) -> list[tuple[str, str]]:

@@ -192,20 +192,19 @@ class UsageHabits:
         self._secret = secrets.token_bytes(32)
 
     def key(
-        self, target: str, host: str, model: str, credentials: Iterable[tuple[str, str]]
+        self, target: str, host: str, model: str, credentials: Iterable[str]
     ) -> HabitKey | None:
         """The kind of a request, or ``None`` if it carries no credential (never injected).
 
-        ``credentials``: the (name, value) pairs of the request's credential
-        headers and query parameters, names lower-cased.
+        ``credentials``: the request's
+        :func:`~streamwarden.core.headers.credential_parts`, whose quoting
+        keeps two different sets of credentials from joining alike.
         """
-        seen = sorted(credentials)
-        if not seen:
+        parts = list(credentials)
+        if not parts:
             return None
         digest = self._digest()
-        for name, value in seen:
-            digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
-            digest.update(value.encode("utf-8", "surrogateescape") + b"\0")
+        digest.update(b"\0".join(part.encode("utf-8", "surrogateescape") for part in parts))
         # The target and host as digests too: a query may hold a credential
         # (?key=), and an entry stays small whatever a client sends.
         kept = []

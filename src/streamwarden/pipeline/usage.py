@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from urllib.parse import parse_qsl
 
 from streamwarden.core.dialects import SSE_MEDIA_TYPE, detect
-from streamwarden.core.headers import CREDENTIAL_HEADERS, CREDENTIAL_QUERY_PARAMETERS
+from streamwarden.core.headers import credential_parts
 from streamwarden.core.transform import EventTransform
 from streamwarden.core.usage import (
     HabitKey,
@@ -116,19 +115,7 @@ class UsageTakeBack(Stage):
         asked = usage_request(body)
         if asked is None:
             return
-        credentials = [
-            (name.lower(), value)
-            for name, value in request.headers
-            if name.lower() in CREDENTIAL_HEADERS
-        ]
-        credentials += [
-            ("?" + name, value)
-            # One character a byte: distinct keys stay distinct (see resume owners).
-            for name, value in parse_qsl(
-                request.query_string, keep_blank_values=True, encoding="latin-1"
-            )
-            if name in CREDENTIAL_QUERY_PARAMETERS
-        ]
+        credentials = credential_parts(request.headers, request.query_string)
         kind = self._habits.key(request.target, request.host, asked.model, credentials)
         if kind is None:
             return

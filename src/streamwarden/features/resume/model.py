@@ -31,10 +31,14 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl
 
 # The journal moved to the core; its names stay importable from here.
-from streamwarden.core.headers import CREDENTIAL_HEADERS, CREDENTIAL_QUERY_PARAMETERS
+from streamwarden.core.headers import (
+    CREDENTIAL_HEADERS,
+    CREDENTIAL_QUERY_PARAMETERS,
+    credential_parts,
+)
 from streamwarden.core.journal import Journal, JournalSink, stamp, strip_ids
 
 __all__ = [
@@ -184,22 +188,7 @@ def owner_digest(
     not test guessed credentials against a digest, nor write one that passes.
     Neither the credentials nor the digest's input is kept or logged.
     """
-    wanted = names.headers
-    seen = sorted(
-        (name.lower(), value.strip()) for name, value in headers if name.lower() in wanted
-    )
-    parts = [f"{n}={v}" for n, v in seen]
-    if query_string:
-        params = names.query_params
-        # "?" starts no header name; the value re-quoted, so that no byte of
-        # it (a decoded %00 or "=") can pass for a separator of the message.
-        # Decoded as latin-1, one character a byte: UTF-8's replacement of
-        # invalid bytes would make ?key=%FF and ?key=%FE one owner.
-        parts += sorted(
-            f"?{name.lower()}={quote(value, safe='', encoding='latin-1')}"
-            for name, value in parse_qsl(query_string, keep_blank_values=True, encoding="latin-1")
-            if name.lower() in params
-        )
+    parts = credential_parts(headers, query_string, names.headers, names.query_params)
     message = b"\0".join(part.encode("utf-8", "surrogateescape") for part in parts)
     key = stream_id.encode() if not secret else secret.encode() + b"\0" + stream_id.encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
