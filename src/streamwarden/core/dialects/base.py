@@ -148,6 +148,13 @@ class Dialect:
     framing: ClassVar[Framing] = "sse"
     #: Human-readable name of the terminal event, for error messages.
     terminal_event: ClassVar[str] = "its terminal event"
+    #: Whether the format's official clients raise on :meth:`error_event`.
+    #: Where they do not (a format whose clients skip events they do not
+    #: know, or an unknown format), a stream that ends in an error also ends
+    #: the client's body abnormally (no terminating chunk: the connection is
+    #: closed), as a broken upstream does directly: a failure is never less
+    #: visible through streamwarden than without it.
+    error_event_raises: ClassVar[bool] = True
 
     def __init__(self) -> None:
         #: Whether a clean end of stream without the terminal event is a
