@@ -31,6 +31,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+from broken import read_broken
 from middleware_apps import FINALLY_DIR_ENV, raw_app
 from middleware_apps import serve_in_process as serve
 from streamwarden.config import ConfigError
@@ -438,8 +439,9 @@ async def test_a_silent_app_gets_the_idle_timeout_error_and_is_stopped(finally_d
     app = StreamWardenMiddleware(raw_app, upstream_idle_timeout=0.3, keepalive_interval=0.1)
     # The app is silent for 30 s, past the client's 10 s: only the idle timeout ends it.
     async with serve(app) as guarded, httpx.AsyncClient(timeout=10.0) as client:
-        response = await client.get(f"{guarded}/silent?id={request_id}")
-    events = SSEDecoder().feed(response.content)
+        # A generic stream: after its error event, its body breaks (never quieter).
+        body = await read_broken(client, "GET", f"{guarded}/silent?id={request_id}")
+    events = SSEDecoder().feed(body)
     assert [e.event for e in events] == ["message", "error"]
     assert "upstream_timeout" in events[-1].data
     assert (finally_dir / request_id).exists()  # the app's wait was cancelled
@@ -464,10 +466,10 @@ async def test_an_event_over_the_limit_ends_the_stream_and_stops_the_app() -> No
 
     app = StreamWardenMiddleware(chatty, max_event_bytes="1KiB")
     async with serve(app) as guarded, httpx.AsyncClient(timeout=5.0) as client:
-        response = await client.get(guarded + "/")
+        body = await read_broken(client, "GET", guarded + "/")
         async with asyncio.timeout(1):
             await stopped.wait()
-    events = SSEDecoder().feed(response.content)
+    events = SSEDecoder().feed(body)
     assert events[0].data == "ok"
     assert "event_too_large" in events[-1].data
     assert app.streams.finished[0].meter.end_state == "limit_exceeded"
@@ -561,15 +563,16 @@ async def test_a_server_shutdown_ends_the_stream_with_an_error_event() -> None:
             await asyncio.sleep(0.005)
     port = server.servers[0].sockets[0].getsockname()[1]
     body = b""
-    async with (
-        httpx.AsyncClient(timeout=5.0) as client,
-        client.stream("GET", f"http://127.0.0.1:{port}/silent") as response,
-    ):
-        async for part in response.aiter_raw():
-            body += part
-            if b"data: first" in body and not server.should_exit:
-                # uvicorn cancels the request once its graceful timeout runs out.
-                server.should_exit = True
+    with pytest.raises(httpx.RemoteProtocolError):  # a generic stream's error breaks its body
+        async with (
+            httpx.AsyncClient(timeout=5.0) as client,
+            client.stream("GET", f"http://127.0.0.1:{port}/silent") as response,
+        ):
+            async for part in response.aiter_raw():
+                body += part
+                if b"data: first" in body and not server.should_exit:
+                    # uvicorn cancels the request once its graceful timeout runs out.
+                    server.should_exit = True
     await asyncio.wait_for(task, 5)
     events = SSEDecoder().feed(body)
     assert events[-1].event == "error" and "shutting_down" in events[-1].data

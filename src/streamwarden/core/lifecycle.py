@@ -18,6 +18,11 @@ Phases:
   asks whether a resumed client holds it;
 - ``ended``: the stream has its end with its client there: its response
   is finished;
+- ``broken``: the stream ended in an error with its client there, in a
+  format whose clients do not raise on its error event
+  (:attr:`~streamwarden.core.dialects.Dialect.error_event_raises`): after
+  that event, its response is ended abnormally, as a broken upstream's
+  would be without streamwarden;
 - ``closed``: the stream is over and nobody reads it: the upstream is
   closed (the app stopped) at once.
 
@@ -45,6 +50,7 @@ class Phase(Enum):
     DETACHED = "detached"
     EXPIRING = "expiring"
     ENDED = "ended"
+    BROKEN = "broken"
     CLOSED = "closed"
 
 
@@ -68,6 +74,8 @@ class Input(Enum):
     STOP = "stop"
     #: The relay gave the stream its end state (its upstream's end, a limit, an error).
     ENDED = "ended"
+    #: The relay ended the stream with an error event its client does not raise on.
+    ENDED_UNHEARD = "ended, error unheard"
     #: A detached stream's window ran out.
     WINDOW_OUT = "window out"
     #: A resumed client holds it (for longer), or nobody does.
@@ -87,6 +95,10 @@ class Next(Enum):
     #: Write what came and finish the client's response; then the upstream
     #: goes back if whole (the app is stopped if it is still sending).
     FINISH = "finish"
+    #: Write what came, then end the client's response abnormally (no
+    #: terminating chunk: the connection is closed, the app's response left
+    #: unfinished), so that its client fails as it would directly.
+    BREAK = "break"
     #: Nobody reads the stream: close the upstream (stop the app) now.
     CLOSE = "close"
 
@@ -98,12 +110,13 @@ GONE_INPUT = {
     Gone.DETACH: Input.GONE_DETACH,
 }
 
-_S, _DR, _DE, _EX, _EN, _CL = (
+_S, _DR, _DE, _EX, _EN, _BR, _CL = (
     Phase.STREAMING,
     Phase.DRAINING,
     Phase.DETACHED,
     Phase.EXPIRING,
     Phase.ENDED,
+    Phase.BROKEN,
     Phase.CLOSED,
 )
 
@@ -118,21 +131,29 @@ TABLE: dict[tuple[Phase, Input], tuple[Phase, EndState | None]] = {
     (_S, Input.TOO_SLOW): (_CL, EndState.CLIENT_TOO_SLOW),
     (_S, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
     (_S, Input.ENDED): (_EN, None),
+    (_S, Input.ENDED_UNHEARD): (_BR, None),
     (_DR, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
     (_DR, Input.ENDED): (_CL, None),
+    (_DR, Input.ENDED_UNHEARD): (_CL, None),
     (_DE, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
     (_DE, Input.ENDED): (_CL, None),
+    (_DE, Input.ENDED_UNHEARD): (_CL, None),
     (_DE, Input.WINDOW_OUT): (_EX, None),
     (_EX, Input.HELD): (_DE, None),
     (_EX, Input.NOT_HELD): (_CL, EndState.DETACHED_EXPIRED),
     (_EX, Input.STOP): (_CL, EndState.CLIENT_CANCELLED),
     (_EX, Input.ENDED): (_CL, None),
+    (_EX, Input.ENDED_UNHEARD): (_CL, None),
     # Its answer was whole when the client left (see above), or it had ended
     # and its last write found nobody: nobody reads it any more.
     (_EN, Input.GONE_CANCEL): (_CL, None),
     (_EN, Input.GONE_DRAIN): (_CL, None),
     (_EN, Input.GONE_DETACH): (_CL, None),
     (_EN, Input.TOO_SLOW): (_CL, None),
+    (_BR, Input.GONE_CANCEL): (_CL, None),
+    (_BR, Input.GONE_DRAIN): (_CL, None),
+    (_BR, Input.GONE_DETACH): (_CL, None),
+    (_BR, Input.TOO_SLOW): (_CL, None),
 }
 
 #: What the face does in each phase.
@@ -142,6 +163,7 @@ NEXT: dict[Phase, Next] = {
     _DE: Next.READ_ON,
     _EX: Next.ASK_HOLD,
     _EN: Next.FINISH,
+    _BR: Next.BREAK,
     _CL: Next.CLOSE,
 }
 
@@ -193,7 +215,7 @@ class Lifecycle:
         """
         was = self.phase
         self.present = False
-        if was is Phase.ENDED or was is Phase.CLOSED:
+        if was is Phase.ENDED or was is Phase.BROKEN or was is Phase.CLOSED:
             return None  # over already: the face finishes it as it would have
         if whole:  # an answer whose terminal event arrived is complete
             self.end(EndState.COMPLETED, now)
@@ -223,10 +245,15 @@ class Lifecycle:
         self.present = False
         return self.to(Input.TOO_SLOW, now, self.phase)
 
-    def end(self, state: EndState, now: float, code: ErrorCode | None = None) -> None:
-        """The stream has its end state (the first only, in the meter): the table's end."""
+    def end(
+        self, state: EndState, now: float, code: ErrorCode | None = None, unheard: bool = False
+    ) -> None:
+        """The stream has its end state (the first only, in the meter): the table's end.
+
+        ``unheard``: it ended in an error event its client does not raise on.
+        """
         self.meter.end(state, now, code)
-        self.to(Input.ENDED, now, self.phase)
+        self.to(Input.ENDED_UNHEARD if unheard else Input.ENDED, now, self.phase)
 
     def to(self, event: Input, now: float, was: Phase) -> Next | None:
         """Move by the table; the face's next step if the phase changed (``None``: it did not)."""

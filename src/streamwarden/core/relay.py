@@ -437,7 +437,8 @@ class Relay:
             if inside is not None:  # the code says what it cut; the end state, why
                 code = ErrorCode.TOOL_CALL_TRUNCATED
                 reason = f"{reason}, {inside}"
-        self.lifecycle.end(state, now, code)
+        # A format whose clients skip an error event also has its body broken.
+        self.lifecycle.end(state, now, code, not self._dialect.error_event_raises)
         # A journal in the chain records it for a resumed client.
         error = self._dialect.error_event(code, f"streamwarden: {reason} ({code})")
         if chain is not None:

@@ -118,7 +118,12 @@ class ClientWriter:
         """
         if last:
             self.close_body()
-        message = {"type": "http.response.body", "body": out, "more_body": not last}
+            # BREAK: the response is left unfinished, and the server drops the
+            # connection when the app returns: its client fails as it would directly.
+            more = self._relay.next is Next.BREAK
+        else:
+            more = True
+        message = {"type": "http.response.body", "body": out, "more_body": more}
         try:
             if bounded:
                 async with asyncio.timeout(self._route.client_write_timeout or None):

@@ -43,6 +43,8 @@ class ClientTransport(Protocol):
 
     def abort(self) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class ClientChannel:
     """The client's side of one response once its head is sent: writes, flow, departure.
@@ -105,3 +107,12 @@ class ClientChannel:
 
     def abort(self) -> None:
         self._transport.abort()
+
+    def break_off(self) -> None:
+        """End the response abnormally: what was written goes out, then the connection closes.
+
+        With no terminating chunk (aiohttp writes none to a closing
+        transport), the client reads a broken body, as from an upstream
+        that broke off.
+        """
+        self._transport.close()

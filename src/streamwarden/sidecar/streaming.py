@@ -153,7 +153,9 @@ class Streaming:
             # The slot goes back before the end reaches the client: it may ask
             # again the moment it has it (an agent loop does).
             slot.release()
-            if not channel.closed:
+            if relay.next is Next.BREAK:
+                channel.break_off()  # the relay says its client must fail (never quieter)
+            elif not channel.closed:
                 with contextlib.suppress(*CLIENT_GONE):
                     await response.write_eof()
         except asyncio.CancelledError:
