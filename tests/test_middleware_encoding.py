@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from broken import read_broken
 from middleware_apps import serve_in_process
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware
@@ -90,9 +91,9 @@ async def test_a_compressed_stream_leaves_inflated_and_framed(encoding: str) -> 
 async def test_a_compressed_stream_cut_mid_event_gets_its_error_event() -> None:
     cut = EVENTS + b"data: half an ev"
     app = StreamWardenMiddleware(compressed_stream_app("gzip", cut, cut=True), dialect="generic")
-    async with serve_in_process(app) as guarded:
-        response = await raw_get(guarded)
-    assert b"stream_truncated" in response.content
+    async with serve_in_process(app) as guarded, httpx.AsyncClient() as client:
+        body = await read_broken(client, "GET", guarded + "/v1/stream")  # generic: broken
+    assert b"stream_truncated" in body
 
 
 async def test_a_compressed_bomb_from_the_app_ends_with_event_too_large() -> None:
@@ -101,7 +102,7 @@ async def test_a_compressed_bomb_from_the_app_ends_with_event_too_large() -> Non
     app = StreamWardenMiddleware(
         compressed_stream_app("gzip", endless), dialect="generic", max_event_bytes="1MiB"
     )
-    async with serve_in_process(app) as guarded:
-        response = await raw_get(guarded)
-    assert b"event_too_large" in response.content
-    assert len(response.content) < 4096
+    async with serve_in_process(app) as guarded, httpx.AsyncClient() as client:
+        body = await read_broken(client, "GET", guarded + "/v1/stream")  # generic: broken
+    assert b"event_too_large" in body
+    assert len(body) < 4096

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
+from broken import read_broken
 from middleware_apps import running
 
 
@@ -26,9 +27,10 @@ async def two_streams(base: str) -> None:
     """A stream that completes, then one whose app raises mid-stream."""
     async with httpx.AsyncClient(timeout=10.0) as client:
         completed = await client.get(f"{base}/guarded/raw/quiet?s=0")
-        broken = await client.get(f"{base}/guarded/raw/raise")
+        # A generic stream: its error event, then its body broken, as directly.
+        broken = await read_broken(client, "GET", f"{base}/guarded/raw/raise")
     assert completed.content.endswith(b"data: last\n\n")
-    assert b"upstream_error" in broken.content
+    assert b"upstream_error" in broken
 
 
 async def server_output(tmp_path: Path, **options: Any) -> list[str]:
@@ -143,8 +145,8 @@ async def test_a_path_cannot_forge_a_line_nor_a_traceback_line(
     environ = {"STREAMWARDEN_LOG_FORMAT": log_format}
     with running("uvicorn", tmp_path, environ=environ) as server:
         async with httpx.AsyncClient(timeout=10.0) as client:
-            broken = await client.get(f"{server.url}/guarded/raw{QUOTED}")
-        assert b"upstream_error" in broken.content
+            broken = await read_broken(client, "GET", f"{server.url}/guarded/raw{QUOTED}")
+        assert b"upstream_error" in broken
     output = server.log_path.read_text(encoding="utf-8")
     assert output.splitlines() == output.split("\n")[:-1], "a line break besides \\n"
     lines = output.splitlines()
