@@ -291,6 +291,7 @@ DialectName = Literal[
     "openai-responses",
     "anthropic",
     "gemini",
+    "cohere",
     "vercel-ai",
     "ndjson",
     "generic",

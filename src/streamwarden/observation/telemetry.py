@@ -94,6 +94,7 @@ _PROVIDERS = {
     "openai-responses": "openai",
     "anthropic": "anthropic",
     "gemini": "gcp.gemini",
+    "cohere": "cohere",
     "ndjson": "ollama",
     "vercel-ai": "vercel",
 }

@@ -7,9 +7,10 @@ rules, in this order:
 2. Response headers decide when they can: the Vercel AI stream headers, and
    ``application/x-ndjson``.
 3. Otherwise the request path gives a first guess (``/chat/completions``,
-   ``/responses``, ``/messages``, ``:streamGenerateContent``), which the
-   first data event can overrule when it clearly belongs to another known
-   format: many apps serve a provider's stream on a path of their own.
+   ``/responses``, ``/messages``, ``:streamGenerateContent``, ``/v2/chat``),
+   which the first data event can overrule when it clearly belongs to
+   another known format: many apps serve a provider's stream on a path of
+   their own.
 4. A stream that matches nothing is ``generic``.
 """
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from streamwarden.core.dialects.anthropic import Anthropic
 from streamwarden.core.dialects.base import NOTHING, Dialect, Framing, Observation
+from streamwarden.core.dialects.cohere import Cohere
 from streamwarden.core.dialects.gemini import Gemini
 from streamwarden.core.dialects.generic import Generic
 from streamwarden.core.dialects.ndjson import NDJSON
@@ -55,6 +57,7 @@ DIALECT_NAMES = (
     "openai-responses",
     "anthropic",
     "gemini",
+    "cohere",
     "vercel-ai",
     "ndjson",
     "generic",
@@ -68,6 +71,7 @@ _BY_NAME: dict[str, type[Dialect]] = {
     "openai-responses": OpenAIResponses,
     "anthropic": Anthropic,
     "gemini": Gemini,
+    "cohere": Cohere,
     "ndjson": NDJSON,
     "generic": Generic,
 }
@@ -77,10 +81,11 @@ _BY_PATH: tuple[tuple[re.Pattern[str], type[Dialect]], ...] = (
     (re.compile(r"/responses(/[^/]+)?/?$"), OpenAIResponses),
     (re.compile(r"/messages/?$"), Anthropic),
     (re.compile(r":streamGenerateContent$"), Gemini),
+    (re.compile(r"/v2/chat/?$"), Cohere),
 )
 
 # Checked in order on the first data event of a stream whose dialect is a guess.
-_SNIFFERS: tuple[type[Dialect], ...] = (OpenAIResponses, Anthropic, OpenAIChat, Gemini)
+_SNIFFERS: tuple[type[Dialect], ...] = (OpenAIResponses, Anthropic, OpenAIChat, Gemini, Cohere)
 
 
 @dataclass(frozen=True, slots=True)
