@@ -1,8 +1,8 @@
 """The wire formats the mock speaks, and which one a request path selects.
 
 Each provider's format lives in its own module (:mod:`.openai`,
-:mod:`.anthropic`, :mod:`.gemini`, :mod:`.ollama`, :mod:`.vercel`,
-:mod:`.generic`) and renders streamed answers, whole replies and error bodies
+:mod:`.anthropic`, :mod:`.gemini`, :mod:`.cohere`, :mod:`.ollama`,
+:mod:`.vercel`, :mod:`.generic`) and renders streamed answers, whole replies and error bodies
 with no I/O. This module holds the registry of format names (the values of
 ``--dialect``) and the one rule that maps a request path to a format, so the
 server's routing and the CLI agree.
@@ -19,6 +19,7 @@ from streamwarden.tools.mock.formats.base import (
     compact_json,
     sse_block,
 )
+from streamwarden.tools.mock.formats.cohere import CohereChat
 from streamwarden.tools.mock.formats.gemini import GeminiStream
 from streamwarden.tools.mock.formats.generic import GenericSSE
 from streamwarden.tools.mock.formats.ollama import OllamaChat, OllamaGenerate
@@ -45,6 +46,7 @@ WIRE_FORMATS: dict[str, WireFormat] = {
         OpenAIResponses(),
         AnthropicMessages(),
         GeminiStream(),
+        CohereChat(),
         OllamaChat(),
         OllamaGenerate(),
         VercelDataStream(),
@@ -65,6 +67,7 @@ _PATH_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("/messages", "anthropic"),
     (":streamGenerateContent", "gemini"),
     (":generateContent", "gemini"),
+    ("/v2/chat", "cohere"),
     ("/api/chat", "ollama-chat"),
     ("/api/generate", "ollama-generate"),
     ("/vercel/data-stream", "vercel-data-stream"),
