@@ -192,6 +192,13 @@ ERROR_SHAPES = {
     "generic": lambda e: (
         e.event == "error" and json.loads(e.data)["error"]["code"] == "stream_truncated"
     ),
+    # cohere's SDK raises on no event: the message-end it hands over says why.
+    "cohere": lambda e: (
+        e.event == "message-end"
+        and json.loads(e.data)["type"] == "message-end"
+        and json.loads(e.data)["delta"]["finish_reason"] == "ERROR"
+        and json.loads(e.data)["delta"]["error"].endswith("(stream_truncated)")
+    ),
 }
 
 
@@ -390,6 +397,14 @@ _PROMPT_COUNTS = [
         b'{"message":{"content":""},"done":true,"prompt_eval_count":17,"eval_count":5}\n',
     ),
     (
+        "/v2/chat",
+        "text/event-stream",
+        {},
+        b'event: message-end\ndata: {"type":"message-end","delta":{"finish_reason":"COMPLETE",'
+        b'"usage":{"billed_units":{"input_tokens":3,"output_tokens":5},'
+        b'"tokens":{"input_tokens":17,"output_tokens":5}}}}\n\n',
+    ),
+    (
         "/api/chat",
         "text/plain",
         {"x-vercel-ai-data-stream": "v1"},
@@ -408,7 +423,16 @@ _PROMPT_COUNTS = [
 @pytest.mark.parametrize(
     ("path", "content_type", "headers", "event"),
     _PROMPT_COUNTS,
-    ids=["openai-chat", "anthropic", "openai-responses", "gemini", "ndjson", "vercel", "vercel-ui"],
+    ids=[
+        "openai-chat",
+        "anthropic",
+        "openai-responses",
+        "gemini",
+        "ndjson",
+        "cohere",
+        "vercel",
+        "vercel-ui",
+    ],
 )
 def test_the_providers_prompt_token_count_is_read(
     path: str, content_type: str, headers: dict[str, str], event: bytes
@@ -443,3 +467,49 @@ def test_data_nested_past_the_json_parsers_depth_is_passed_on_not_raised(
     relay = relay_for(name, filters=compile_filters(rules, True) if filtered else None)
     assert relay.feed(event, 1.0) == event
     assert not relay.done
+
+
+# -- Cohere v2 chat ---------------------------------------------------------------------
+
+
+def _cohere_relay(path: str = "/v2/chat") -> Relay:
+    return Relay(
+        LIMITS, started_at=0.0, now=0.0, path=path, content_type="text/event-stream", headers={}
+    )
+
+
+def test_cohere_is_read_by_its_datas_type_as_the_sdk_reads_it() -> None:
+    # cohere's parse_sse_obj builds the event from the data alone: the event: name is not read.
+    relay = _cohere_relay()
+    relay.feed(b'event: content-delta\ndata: {"type":"message-end","delta":{}}\n\n', 1.0)
+    assert relay.upstream_eof(2.0) == b""
+    assert relay.end_state == "completed"
+    relay = _cohere_relay()
+    text = b'{"type":"content-delta","delta":{"message":{"content":{"text":"hi"}}}}'
+    relay.feed(b"event: message-end\ndata: " + text + b"\n\n", 1.0)
+    assert relay.meter.tokens_delivered == 1  # text, and no terminal event: a cut
+    assert b"stream_truncated" in relay.upstream_eof(2.0)
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_cohere_is_recognised_by_its_first_event_on_a_path_of_its_own(named: bool) -> None:
+    relay = _cohere_relay("/api/stream")
+    assert relay.dialect == "generic"
+    start = b'data: {"id":"m1","type":"message-start","delta":{"message":{"role":"assistant"}}}'
+    relay.feed((b"event: message-start\n" if named else b"") + start + b"\n\n", 1.0)
+    assert relay.dialect == "cohere"
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [{"finish_reason": "ERROR", "error": "overloaded"}, {"finish_reason": "TIMEOUT"}],
+    ids=["error", "timeout"],
+)
+def test_cohere_generation_that_failed_upstream_is_an_upstream_error(
+    delta: dict[str, str],
+) -> None:
+    relay = _cohere_relay()
+    body = json.dumps({"type": "message-end", "delta": delta})
+    relay.feed(f"event: message-end\ndata: {body}\n\n".encode(), 1.0)
+    assert relay.upstream_eof(2.0) == b""  # its own message-end said it: nothing added
+    assert relay.end_state == "upstream_error"

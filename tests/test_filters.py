@@ -67,6 +67,21 @@ def anthropic(pieces: list[str]) -> bytes:
     return "".join(out).encode()
 
 
+def cohere(pieces: list[str]) -> bytes:
+    def event(kind: str, **data: Any) -> str:
+        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
+
+    out = [event("message-start", id="m1", delta={"message": {"role": "assistant"}})]
+    out.append(event("content-start", index=0, delta={"message": {"content": {"text": ""}}}))
+    out += [
+        event("content-delta", index=0, delta={"message": {"content": {"text": p}}}) for p in pieces
+    ]
+    out.append(event("content-end", index=0))
+    usage = {"tokens": {"output_tokens": 3}}
+    out.append(event("message-end", delta={"finish_reason": "COMPLETE", "usage": usage}))
+    return "".join(out).encode()
+
+
 def responses(pieces: list[str]) -> bytes:
     """As the Responses API writes it: the deltas, then the whole text again, four times."""
 
@@ -137,6 +152,7 @@ DIALECTS: dict[str, tuple[Writer, str, str, dict[str, str]]] = {
     "anthropic": (anthropic, "/v1/messages", "text/event-stream", {}),
     "openai-responses": (responses, "/v1/responses", "text/event-stream", {}),
     "gemini": (gemini, "/v1beta/models/g:streamGenerateContent", "text/event-stream", {}),
+    "cohere": (cohere, "/v2/chat", "text/event-stream", {}),
     "ndjson": (ollama, "/api/chat", "application/x-ndjson", {}),
     "vercel-ai": (vercel, "/api/chat", "text/plain", {"x-vercel-ai-data-stream": "v1"}),
     "generic": (generic, "/events", "text/event-stream", {}),
@@ -290,7 +306,7 @@ def test_a_block_match_ends_the_stream_with_content_blocked_after_the_events_bef
 def _before(writer: Writer, pieces: list[str], dialect: str) -> bytes:
     """The bytes a writer sends before the event of the first piece not in ``pieces``."""
     events = _events_of(writer([*pieces, "."]), dialect)
-    closing = {"openai-chat": 1, "anthropic": 2, "openai-responses": 4, "ndjson": 1}
+    closing = {"openai-chat": 1, "anthropic": 2, "openai-responses": 4, "ndjson": 1, "cohere": 2}
     kept = events[: len(events) - closing.get(dialect, 0 if dialect == "gemini" else 1) - 1]
     if dialect in ("generic", "ndjson-text"):
         kept = events[:-1]

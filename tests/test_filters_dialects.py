@@ -342,3 +342,51 @@ async def test_the_sdk_reads_no_token_of_the_key_through_the_sidecar(
     assert REDACTED in said and _pieces_in(said.encode(), SECRET[8:]) == []
     assert _pieces_in(tokens.encode(), SECRET[8:]) == []
     assert tokens  # the events the filters left alone keep their tokens
+
+
+# -- Cohere: logprobs and citations repeat the answer's text -------------------------------
+
+
+def _cohere(pieces: list[str], cited: str) -> bytes:
+    """A v2 chat stream with each chunk's logprobs (its text again) and a citation of ``cited``."""
+
+    def event(kind: str, **data: Any) -> str:
+        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
+
+    out = [event("message-start", id="m1", delta={"message": {"role": "assistant"}})]
+    for p in pieces:
+        logprobs = {"text": p, "token_ids": [7, 9], "logprobs": [-0.25, -0.5]}
+        content = {"message": {"content": {"text": p}}}
+        out.append(event("content-delta", index=0, delta=content, logprobs=logprobs))
+    citation = {"start": 0, "end": len(cited), "text": cited, "sources": [], "type": "TEXT_CONTENT"}
+    out.append(event("citation-start", index=0, delta={"message": {"citations": citation}}))
+    out.append(event("citation-end", index=0))
+    out.append(event("message-end", delta={"finish_reason": "COMPLETE"}))
+    return "".join(out).encode()
+
+
+def test_cohere_logprobs_and_citations_beside_a_redacted_text_do_not_spell_the_key() -> None:
+    pieces = split_secret(TEXT, SECRET, 3)
+    stream = _cohere(pieces, SECRET)
+    plain = run(_relay({}, "text/event-stream", "/v2/chat", (), False), [stream])
+    sent = SSEDecoder().feed(stream)
+    # Without filters the key goes out three ways: the text, its logprobs, the citation.
+    assert (
+        plain == stream
+        and SECRET in json.loads(sent[-3].data)["delta"]["message"]["citations"]["text"]
+    )
+    r = _relay({}, "text/event-stream", "/v2/chat", REDACT, False)
+    out = run(r, [stream])
+    assert r.end_state is EndState.COMPLETED
+    assert _pieces_in(out, SECRET[8:]) == []
+    got = SSEDecoder().feed(out)
+    changed = [after for before, after in zip(sent, got, strict=True) if after.data != before.data]
+    assert len(changed) >= 3
+    for after in changed:  # a rewritten chunk keeps no logprobs; the citation says [redacted]
+        obj = json.loads(after.data)
+        if obj["type"] == "content-delta":
+            assert obj["logprobs"] is None
+        else:
+            assert obj["delta"]["message"]["citations"]["text"] == REDACTED
+    # The chunks left as they were keep theirs.
+    assert json.loads(got[1].data)["logprobs"]["text"] == pieces[0]

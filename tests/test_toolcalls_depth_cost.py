@@ -260,6 +260,10 @@ def responses_event(kind: str, body: str) -> bytes:
     return f'event: {kind}\ndata: {{"type":"{kind}",{body}}}\n\n'.encode()
 
 
+def cohere_event(kind: str, body: str) -> bytes:
+    return f'event: {kind}\ndata: {{"type":"{kind}",{body}}}\n\n'.encode()
+
+
 def ui_part(body: str) -> bytes:
     return f"data: {{{body}}}\n\n".encode()
 
@@ -283,6 +287,17 @@ DEEP_CALLS: dict[str, bytes] = {
     + f'"partial_json":{json.dumps(DEEP)}}}}}\n\n'.encode()
     + b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
     "gemini": gemini_stream(DEEP),
+    "cohere": cohere_event(
+        "tool-call-start",
+        '"index":0,"delta":{"message":{"tool_calls":{"id":"call_deep","type":"function",'
+        '"function":{"name":"lookup","arguments":""}}}}',
+    )
+    + cohere_event(
+        "tool-call-delta",
+        '"index":0,"delta":{"message":{"tool_calls":{"function":{"arguments":'
+        f"{json.dumps(DEEP)}}}}}}}}}",
+    )
+    + cohere_event("tool-call-end", '"index":0'),
     # Vertex's streamed arguments: a piece whose value nests past the limit.
     "gemini-streamed": sse(
         '{"candidates":[{"content":{"role":"model","parts":[{"functionCall":'

@@ -116,6 +116,8 @@ EXPECTED_COUNTS = {
     ("anthropic", "invalid"): 1.0,
     ("gemini", "truncated"): 2.0,
     ("gemini", "invalid"): 2.0,
+    ("cohere", "truncated"): 1.0,
+    ("cohere", "invalid"): 1.0,
     ("vercel-ai", "truncated"): 2.0,
     ("vercel-ai", "invalid"): 2.0,
 }

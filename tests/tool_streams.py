@@ -162,6 +162,15 @@ STREAMS = [
         mock_path="/v1beta/models/g:streamGenerateContent?alt=sse",
     ),
     ToolStream(
+        "cohere",
+        "cohere",
+        "/v2/chat",
+        _has(b"tool-call-start"),
+        _has(b"tool-call-end"),
+        (f"{TOOL_NAME}_", 12),
+        mock_path="/v2/chat",
+    ),
+    ToolStream(
         "vercel-ui",
         "vercel-ui-stream",
         "/api/chat",
@@ -241,6 +250,9 @@ def error_of(stream: ToolStream, event: Event) -> tuple[str, str]:
     if "errorText" in obj:  # the Vercel UI message stream
         message = obj["errorText"]
         return message.rsplit("(", 1)[1].rstrip(")"), message
+    if obj.get("type") == "message-end":  # Cohere's: a failed generation's end
+        message = obj["delta"]["error"]
+        return message.rsplit("(", 1)[1].rstrip(")"), message
     error = obj["error"]
     if isinstance(error.get("code"), int):  # Google's: the code in its details
         return error["details"][0]["metadata"]["code"], error["message"]
@@ -275,6 +287,8 @@ def arguments_in(stream: ToolStream, events: list[Event]) -> str:
             got.append(obj.get("delta", obj.get("inputTextDelta", "")))
         elif obj.get("type") == "content_block_delta":
             got.append(obj["delta"].get("partial_json", ""))
+        elif obj.get("type") in ("tool-call-start", "tool-call-delta"):
+            got.append(obj["delta"]["message"]["tool_calls"]["function"].get("arguments", ""))
         elif "candidates" in obj:
             for part in obj["candidates"][0]["content"]["parts"]:
                 call = part.get("functionCall") or {}
