@@ -15,10 +15,16 @@ Two parts:
   error class, with the machine code where that SDK shows errors.
 
 The SDKs: openai (Chat Completions and Responses), anthropic, google-genai
-(Gemini), ollama (NDJSON) and the Vercel AI SDK's UI message stream
-reader, run with Node when it and the ``ai`` package are installed
-(``npm ci --prefix tests/js``). The Vercel data stream protocol (AI SDK 4)
-has no reader left in the current SDK, so it is not in the matrix.
+(Gemini), ollama (NDJSON), cohere (v2 chat) and the Vercel AI SDK's UI
+message stream reader, run with Node when it and the ``ai`` package are
+installed (``npm ci --prefix tests/js``). The Vercel data stream protocol
+(AI SDK 4) has no reader left in the current SDK, so it is not in the
+matrix.
+
+cohere's SDK raises on no event, so there the rule is the broken body's: a
+stream that ends in our error ends the client's body abnormally too, and the
+SDK raises its transport's error, after handing over the ``message-end``
+whose ``delta.error`` carries our code.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import cohere
+import httpx
 import ollama
 import openai
 import pytest
@@ -180,6 +188,31 @@ async def ollama_text(base_url: str, headers: dict[str, str], got: list[str]) ->
     return "".join(got)
 
 
+async def cohere_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    failure = None  # what the last message-end said went wrong
+    async with httpx.AsyncClient(timeout=300) as http:  # the SDK's default timeout
+        client = cohere.AsyncClientV2(base_url=base_url, api_key="test", httpx_client=http)
+        options: Any = {"additional_headers": headers, "max_retries": 0}
+        try:
+            stream = client.chat_stream(
+                model="command-a-03-2025",
+                messages=[{"role": "user", "content": "hi"}],
+                request_options=options,
+            )
+            async for event in stream:
+                if event.type == "content-delta" and event.delta and event.delta.message:
+                    content = event.delta.message.content
+                    got.append(content.text or "" if content else "")
+                elif event.type == "message-end" and event.delta and event.delta.error:
+                    failure = event.delta.error
+        except Exception as exc:
+            # A caller sees both: the event that said why, then the SDK's error.
+            if failure is not None:
+                exc.add_note(f"message-end error: {failure}")
+            raise
+    return "".join(got)
+
+
 async def vercel_ui_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
     result = await read_ui_stream(base_url + "/vercel/ui-stream", headers)
     got.append(result["text"])
@@ -231,6 +264,17 @@ def ollama_code(exc: BaseException) -> str | None:
     return None
 
 
+def cohere_code(exc: BaseException) -> str | None:
+    # The SDK raises its transport's error on a broken body (EventSource.iter_sse
+    # re-raises it); the code came before it, in the message-end it yielded.
+    if isinstance(exc, httpx.TransportError):
+        for note in getattr(exc, "__notes__", ()):
+            match = _CODE_AT_END.search(note)
+            if note.startswith("message-end error: ") and match:
+                return match.group(1)
+    return None
+
+
 def vercel_code(exc: BaseException) -> str | None:
     # readUIMessageStream raises a plain Error with the error part's text.
     if isinstance(exc, VercelStreamError) and exc.name == "Error":
@@ -256,6 +300,7 @@ SDKS = [
     # json.JSONDecodeError.
     SDK("google-genai", gemini_text, gemini_code, "raises without a code"),
     SDK("ollama", ollama_text, ollama_code, "raises without a code"),
+    SDK("cohere", cohere_text, cohere_code, "silent"),
     SDK("vercel-ai", vercel_ui_text, vercel_code, "silent"),
 ]
 
@@ -350,6 +395,24 @@ async def test_google_genai_crashes_on_an_error_whose_code_is_a_string(replay: R
         await gemini_text(replay(cut + string_code), {}, [])
 
 
+async def test_cohere_sdk_raises_on_no_event_and_hands_over_our_message_end(
+    replay: Replay,
+) -> None:
+    """Why the cohere dialect's cut also breaks the body: no event makes its SDK raise.
+
+    An ``error`` event is skipped (its type is none of the SDK's); our
+    ``message-end`` is handed over with the code, and the SDK ends quietly
+    all the same when the body ends cleanly after it.
+    """
+    cut = cut_before_terminal("cohere_text.sse", "/v2/chat")
+    assert await cohere_text(replay(cut), {}, [])  # the problem: silent
+    error = b'event: error\ndata: {"type":"error","error":{"message":"x (stream_truncated)"}}\n\n'
+    assert await cohere_text(replay(cut + error), {}, [])
+    ours = through_relay(cut, "/v2/chat")
+    assert ours.endswith(b'(stream_truncated)"}}\n\n')
+    assert await cohere_text(replay(ours), {}, [])
+
+
 # -- the matrix: every SDK, every fault, directly and through the sidecar --------------
 
 TOKENS = 6
@@ -390,6 +453,14 @@ async def test_without_streamwarden_each_sdk_reads_a_whole_answer(
 ) -> None:
     got: list[str] = []
     assert await sdk.read(mock.url, FAST, got) == FULL_ANSWER
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_through_streamwarden_each_sdk_reads_the_same_whole_answer(
+    mock: MockServer, start_sidecar: StartSidecar, sdk: SDK
+) -> None:
+    sidecar = await start_sidecar(mock.url, **SIDECAR)
+    assert await sdk.read(sidecar.proxy_url, FAST, []) == FULL_ANSWER
 
 
 @pytest.mark.parametrize("sdk", sdk_params())
@@ -451,3 +522,22 @@ async def test_through_streamwarden_each_fault_raises_the_sdks_own_error_with_ou
     assert sdk.code_of(raised) == FAULTS[fault], repr(raised)
     # What came before the failure was delivered, and nothing of the broken event.
     assert FULL_ANSWER.startswith(text) and len(text) < len(FULL_ANSWER)
+
+
+async def test_cohere_an_upstream_reset_raises_through_streamwarden_as_it_does_directly(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    """Issue 38's case: the sidecar must not turn a broken body into a quiet end.
+
+    Directly the SDK raises its transport's error on the reset; through the
+    sidecar it once got our error event and a clean end, skipped the one and
+    returned on the other.
+    """
+    cohere_sdk = next(sdk for sdk in SDKS if sdk.name == "cohere")
+    text, raised = await outcome(cohere_sdk, mock.url, "reset")
+    assert isinstance(raised, httpx.TransportError)
+    sidecar = await start_sidecar(mock.url, **SIDECAR)
+    through, raised = await outcome(cohere_sdk, sidecar.proxy_url, "reset")
+    assert isinstance(raised, httpx.TransportError), "quieter through streamwarden"
+    assert through == text  # the same text before the failure
+    assert cohere_code(raised) == "upstream_error"

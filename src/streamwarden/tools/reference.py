@@ -66,6 +66,12 @@ SDK_ERRORS: dict[str, tuple[str, str]] = {
         "code in `.details` (an `ErrorInfo` with domain `streamwarden`) and the message",
     ),
     "ollama": ("ollama.ResponseError", "`(code)` at the end of `.error`"),
+    "cohere": (
+        "httpx.TransportError",
+        "the SDK raises on no event, so the body breaks after ours: first the `message-end` "
+        "event it yields, `finish_reason` `ERROR`, `(code)` at the end of `delta.error`; then "
+        "the broken body's `httpx.RemoteProtocolError` (a reset's may be a `ReadError`)",
+    ),
     "vercel-ai": (
         "Error",
         "the AI SDK's `readUIMessageStream` (JavaScript) throws it with the error part's "
