@@ -46,10 +46,13 @@ from aiohttp import web
 from google import genai
 from google.genai import types as genai_types
 
+from middleware_apps import serve_in_process
 from sidecars import StartSidecar
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEFramer
+from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.tools.mock import MockServer, mock_text
+from test_toolcalls_faces import relaying
 from upstreams import ServeUpstream
 from vercel_reader import (
     VercelStreamError,
@@ -541,3 +544,23 @@ async def test_cohere_an_upstream_reset_raises_through_streamwarden_as_it_does_d
     assert isinstance(raised, httpx.TransportError), "quieter through streamwarden"
     assert through == text  # the same text before the failure
     assert cohere_code(raised) == "upstream_error"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_cohere_through_the_middleware_raises_on_every_fault_and_reads_a_whole_answer(
+    mock: MockServer,
+) -> None:
+    """The middleware, in front of an app that streams Cohere's answer on: as the sidecar.
+
+    (The app's own read of a reset upstream raises mid-body: the middleware's
+    upstream_error.)
+    """
+    cohere_sdk = next(sdk for sdk in SDKS if sdk.name == "cohere")
+    guarded = StreamWardenMiddleware(relaying(mock.url), keepalive_interval=0, **SIDECAR)
+    async with serve_in_process(guarded) as base:
+        assert await cohere_text(base, FAST, []) == FULL_ANSWER
+        for fault, code in FAULTS.items():
+            text, raised = await outcome(cohere_sdk, base, fault)
+            assert isinstance(raised, httpx.TransportError), f"silent on {fault}"
+            assert cohere_code(raised) == code, repr(raised)
+            assert FULL_ANSWER.startswith(text) and len(text) < len(FULL_ANSWER)

@@ -145,12 +145,14 @@ async def test_the_sidecar_names_a_cut_or_broken_call_in_every_dialect(
 
 
 def relaying(upstream: str) -> Starlette:
-    """An app that streams its provider's answer on, chunk by chunk, as many apps do."""
+    """An app that streams its provider's answer on, chunk by chunk, as many apps do
+    (the mock's controls in ``x-mock-*`` headers passed on too)."""
 
     async def endpoint(request: Request) -> StreamingResponse:
         client = httpx.AsyncClient(timeout=10)
         target = upstream + request.url.path + "?" + request.url.query
-        sent = client.build_request("POST", target, content=await request.body())
+        controls = {k: v for k, v in request.headers.items() if k.startswith("x-mock-")}
+        sent = client.build_request("POST", target, content=await request.body(), headers=controls)
         answer = await client.send(sent, stream=True)
 
         async def body() -> AsyncIterator[bytes]:
