@@ -49,6 +49,7 @@ COMPILED = [
     "streamwarden/core/dialects/ndjson.py",
     "streamwarden/core/dialects/openai_chat.py",
     "streamwarden/core/dialects/openai_responses.py",
+    "streamwarden/core/dialects/tgi.py",
     "streamwarden/core/dialects/vercel_ai.py",
     "streamwarden/net/upstream.py",
     # The stages' transforms: the path of every event of a stream that has them.

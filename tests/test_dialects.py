@@ -12,6 +12,7 @@ import pytest
 
 from streamwarden.core.dialects import detect, sniff, stream_framing
 from streamwarden.core.dialects.gemini import Gemini
+from streamwarden.core.dialects.tgi import TGI
 from streamwarden.core.filters import FilterRule, FilterSet, compile_filters
 from streamwarden.core.relay import ErrorCode, Limits, Relay
 from streamwarden.core.sse import Event, LineFramer, SSEDecoder, SSEFramer
@@ -198,6 +199,11 @@ ERROR_SHAPES = {
         and json.loads(e.data)["type"] == "message-end"
         and json.loads(e.data)["delta"]["finish_reason"] == "ERROR"
         and json.loads(e.data)["delta"]["error"].endswith("(stream_truncated)")
+    ),
+    "tgi": lambda e: (
+        e.event == "message"
+        and json.loads(e.data)["error_type"] == "incomplete_generation"
+        and json.loads(e.data)["code"] == "stream_truncated"
     ),
 }
 
@@ -513,3 +519,102 @@ def test_cohere_generation_that_failed_upstream_is_an_upstream_error(
     relay.feed(f"event: message-end\ndata: {body}\n\n".encode(), 1.0)
     assert relay.upstream_eof(2.0) == b""  # its own message-end said it: nothing added
     assert relay.end_state == "upstream_error"
+
+
+# -- TGI: huggingface_hub's error classes, detection off its path, running counts -------
+
+#: The huggingface_hub class each code raises (TGI's error_type for it).
+TGI_CLASSES = {
+    ErrorCode.STREAM_TRUNCATED: "IncompleteGenerationError",
+    ErrorCode.TOOL_CALL_TRUNCATED: "IncompleteGenerationError",
+    ErrorCode.SHUTTING_DOWN: "OverloadedError",
+    ErrorCode.RESUME_UNAVAILABLE: "OverloadedError",
+    ErrorCode.RESUME_EXPIRED: "ValidationError",
+}
+
+
+@pytest.mark.parametrize("code", list(ErrorCode), ids=[c.value for c in ErrorCode])
+def test_tgi_error_raises_huggingface_hubs_class_for_its_kind_with_our_code(
+    code: ErrorCode,
+) -> None:
+    from huggingface_hub.inference._common import _format_text_generation_stream_output
+
+    tgi = TGI()
+    error = tgi.error_event(code, f"streamwarden: it broke ({code})")
+    (event,) = SSEDecoder().feed(error)
+    assert tgi.inspect(event).error  # it reads back as an upstream error
+    # huggingface_hub reads the stream a line at a time, as this line.
+    line = error.decode().split("\n")[0]
+    with pytest.raises(Exception) as caught:
+        _format_text_generation_stream_output(line, details=True)
+    assert type(caught.value).__name__ == TGI_CLASSES.get(code, "GenerationError")
+    assert str(caught.value) == f"streamwarden: it broke ({code})"
+
+
+def _tgi_event(index: int, text: str, *, special: bool = False, last: bool = False) -> bytes:
+    token = {"id": index, "text": text, "logprob": -0.5, "special": special}
+    details = {"finish_reason": "eos_token", "generated_tokens": index, "seed": None}
+    data = {
+        "index": index,
+        "token": token,
+        "generated_text": "Hi there" if last else None,
+        "details": details if last else None,
+    }
+    return f"data:{json.dumps(data)}\n\n".encode()
+
+
+TGI_STREAM = (
+    _tgi_event(1, "Hi") + _tgi_event(2, " there") + _tgi_event(3, "</s>", special=True, last=True)
+)
+
+
+def test_tgi_is_detected_by_its_first_event_on_an_endpoints_root_path() -> None:
+    # Inference Endpoints and huggingface_hub post to the model's URL itself.
+    relay = Relay(
+        LIMITS, started_at=0.0, now=0.0, path="/", content_type="text/event-stream", headers={}
+    )
+    assert relay.dialect == "generic"
+    assert relay.feed(TGI_STREAM, 1.0) + relay.upstream_eof(2.0) == TGI_STREAM
+    assert relay.dialect == "tgi" and relay.end_state == "completed"
+    assert relay.meter.tokens_generated == 3 and relay.meter.tokens_method == "usage"
+
+
+def test_a_cut_tgi_stream_is_truncated_and_metered_by_its_running_index() -> None:
+    cut = _tgi_event(1, "Hi") + _tgi_event(2, " there")
+    relay = Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/generate_stream",
+        content_type="text/event-stream",
+        headers={},
+    )
+    out = relay.feed(cut, 1.0) + relay.upstream_eof(2.0)
+    assert relay.end_state == "upstream_truncated"
+    (error,) = SSEDecoder().feed(out[len(cut) :])
+    assert json.loads(error.data)["error_type"] == "incomplete_generation"
+    # TGI's own count of the tokens so far: a lower bound the estimate cannot undercut.
+    assert relay.meter.tokens_source == "provider_partial"
+    assert relay.meter.tokens_generated == 2
+
+
+def test_a_tgi_special_token_is_counted_but_is_no_text() -> None:
+    (event,) = SSEDecoder().feed(_tgi_event(3, "</s>", special=True, last=True))
+    seen = TGI().inspect(event)
+    assert (seen.text, seen.output_tokens, seen.terminal) == ("", 3, True)
+    assert TGI().filter_text(event, False) == []
+
+
+def test_tgi_final_event_without_details_is_terminal_and_an_error_event_is_an_error() -> None:
+    final = Event(
+        "message",
+        '{"index":2,"token":{"id":1,"text":"!","logprob":0,"special":false},'
+        '"generated_text":"Hi!","details":null}',
+    )
+    seen = TGI().inspect(final)
+    assert (seen.text, seen.output_tokens, seen.terminal) == ("!", 2, True)
+    error = Event(
+        "message", '{"error":"Request failed during generation: x","error_type":"generation"}'
+    )
+    assert TGI().inspect(error).error
+

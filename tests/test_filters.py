@@ -132,6 +132,26 @@ def vercel(pieces: list[str]) -> bytes:
     return "".join(out).encode()
 
 
+def tgi(pieces: list[str]) -> bytes:
+    """TGI's /generate_stream: a token an event, the last one with the whole text again."""
+
+    def event(index: int, text: str) -> str:
+        last = index == len(pieces) - 1
+        token = {"id": index, "text": text, "logprob": -0.25, "special": False}
+        details = {"finish_reason": "length", "generated_tokens": len(pieces), "seed": None}
+        data = {
+            "index": index + 1,
+            "token": token,
+            "generated_text": "".join(pieces) if last else None,
+            "details": details if last else None,
+        }
+        # (TGI writes "data:" with no space; a rewritten event gets one, as
+        # every writer here has it: the same event to any SSE reader.)
+        return f"data: {_json(data)}\n\n"
+
+    return "".join(event(i, p) for i, p in enumerate(pieces)).encode()
+
+
 def generic(pieces: list[str]) -> bytes:
     return "".join(f"data: {p}\n\n" for p in pieces).encode()
 
@@ -156,6 +176,7 @@ DIALECTS: dict[str, tuple[Writer, str, str, dict[str, str]]] = {
     "ndjson": (ollama, "/api/chat", "application/x-ndjson", {}),
     "vercel-ai": (vercel, "/api/chat", "text/plain", {"x-vercel-ai-data-stream": "v1"}),
     "generic": (generic, "/events", "text/event-stream", {}),
+    "tgi": (tgi, "/generate_stream", "text/event-stream", {}),
     "ndjson-text": (text_lines, "/stream", "application/x-ndjson", {}),
 }
 LINES = ("ndjson", "vercel-ai", "ndjson-text")
@@ -307,7 +328,9 @@ def _before(writer: Writer, pieces: list[str], dialect: str) -> bytes:
     """The bytes a writer sends before the event of the first piece not in ``pieces``."""
     events = _events_of(writer([*pieces, "."]), dialect)
     closing = {"openai-chat": 1, "anthropic": 2, "openai-responses": 4, "ndjson": 1, "cohere": 2}
-    kept = events[: len(events) - closing.get(dialect, 0 if dialect == "gemini" else 1) - 1]
+    kept = events[
+        : len(events) - closing.get(dialect, 0 if dialect in ("gemini", "tgi") else 1) - 1
+    ]
     if dialect in ("generic", "ndjson-text"):
         kept = events[:-1]
     return "".join(kept).encode()

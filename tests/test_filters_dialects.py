@@ -274,6 +274,46 @@ def test_logprobs_beside_a_redacted_text_do_not_spell_the_key(dialect: str) -> N
             assert '"token"' not in after.data and '"bytes"' not in after.data
 
 
+def _tgi(pieces: list[str]) -> bytes:
+    """TGI events, each token with its ``top_tokens`` (the chosen one among them)."""
+
+    def event(index: int, text: str) -> str:
+        last = index == len(pieces) - 1
+        token = {"id": index, "text": text, "logprob": -0.25, "special": False}
+        data = {
+            "index": index + 1,
+            "token": token,
+            "top_tokens": [token, {**token, "id": 7, "text": " the"}],
+            "generated_text": "".join(pieces) if last else None,
+            "details": {"finish_reason": "length", "generated_tokens": len(pieces)}
+            if last
+            else None,
+        }
+        return f"data:{_json(data)}\n\n"
+
+    return "".join(event(i, p) for i, p in enumerate(pieces)).encode()
+
+
+def test_tgi_top_tokens_beside_a_redacted_token_and_the_whole_text_do_not_spell_the_key() -> None:
+    stream = _tgi(split_secret(TEXT, SECRET, 3))
+    plain = run(_relay({}, "text/event-stream", "/generate_stream", (), False), [stream])
+    top = [t["text"] for e in SSEDecoder().feed(plain) for t in json.loads(e.data)["top_tokens"]]
+    assert _pieces_in("".join(top).encode(), SECRET[8:])  # the tokens spell it...
+    assert SECRET in SSEDecoder().feed(plain)[-1].data  # ...and the last event has it whole
+    r = _relay({}, "text/event-stream", "/generate_stream", REDACT, False)
+    out = run(r, [stream])
+    assert r.end_state is EndState.COMPLETED
+    assert _pieces_in(out, SECRET[8:]) == []
+    got = [json.loads(e.data) for e in SSEDecoder().feed(out)]
+    assert got[-1]["generated_text"] == "".join(e["token"]["text"] for e in got)
+    assert REDACTED in got[-1]["generated_text"]
+    sent = [json.loads(e.data) for e in SSEDecoder().feed(stream)]
+    for before, after in zip(sent, got, strict=True):  # only rewritten tokens lost theirs
+        assert after["top_tokens"] == (
+            [] if after["token"] != before["token"] else before["top_tokens"]
+        )
+
+
 # -- through the sidecar, read by the openai SDK ----------------------------------------
 
 PIECES = split_secret(TEXT, SECRET, 3)

@@ -295,6 +295,7 @@ DialectName = Literal[
     "vercel-ai",
     "ndjson",
     "generic",
+    "tgi",
 ]
 assert set(DialectName.__args__) == set(DIALECT_NAMES)  # type: ignore[attr-defined]
 

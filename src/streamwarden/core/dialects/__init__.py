@@ -7,10 +7,10 @@ rules, in this order:
 2. Response headers decide when they can: the Vercel AI stream headers, and
    ``application/x-ndjson``.
 3. Otherwise the request path gives a first guess (``/chat/completions``,
-   ``/responses``, ``/messages``, ``:streamGenerateContent``, ``/v2/chat``),
-   which the first data event can overrule when it clearly belongs to
-   another known format: many apps serve a provider's stream on a path of
-   their own.
+   ``/responses``, ``/messages``, ``:streamGenerateContent``, ``/v2/chat``,
+   ``/generate_stream``), which the first data event can overrule when it
+   clearly belongs to another known format: many apps serve a provider's
+   stream on a path of their own.
 4. A stream that matches nothing is ``generic``.
 """
 
@@ -28,6 +28,7 @@ from streamwarden.core.dialects.generic import Generic
 from streamwarden.core.dialects.ndjson import NDJSON
 from streamwarden.core.dialects.openai_chat import OpenAIChat
 from streamwarden.core.dialects.openai_responses import OpenAIResponses
+from streamwarden.core.dialects.tgi import TGI
 from streamwarden.core.dialects.vercel_ai import (
     DATA_STREAM_HEADER,
     UI_MESSAGE_STREAM_HEADER,
@@ -61,6 +62,7 @@ DIALECT_NAMES = (
     "vercel-ai",
     "ndjson",
     "generic",
+    "tgi",
 )
 
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -74,6 +76,7 @@ _BY_NAME: dict[str, type[Dialect]] = {
     "cohere": Cohere,
     "ndjson": NDJSON,
     "generic": Generic,
+    "tgi": TGI,
 }
 
 _BY_PATH: tuple[tuple[re.Pattern[str], type[Dialect]], ...] = (
@@ -82,10 +85,18 @@ _BY_PATH: tuple[tuple[re.Pattern[str], type[Dialect]], ...] = (
     (re.compile(r"/messages/?$"), Anthropic),
     (re.compile(r":streamGenerateContent$"), Gemini),
     (re.compile(r"/v2/chat/?$"), Cohere),
+    (re.compile(r"/generate_stream/?$"), TGI),
 )
 
 # Checked in order on the first data event of a stream whose dialect is a guess.
-_SNIFFERS: tuple[type[Dialect], ...] = (OpenAIResponses, Anthropic, OpenAIChat, Gemini, Cohere)
+_SNIFFERS: tuple[type[Dialect], ...] = (
+    OpenAIResponses,
+    Anthropic,
+    OpenAIChat,
+    Gemini,
+    Cohere,
+    TGI,
+)
 
 
 @dataclass(frozen=True, slots=True)
