@@ -294,6 +294,18 @@ def decode_ui_stream(raw: bytes) -> Decoded:
     return Decoded("".join(deltas), len(deltas), usage, done)
 
 
+def decode_tgi(raw: bytes) -> Decoded:
+    # TGI writes "data:" with no space, and its last token's event is the terminal one.
+    assert raw.startswith(b'data:{"index":1,') and b"data: " not in raw
+    events = [json.loads(event.data) for event in sse_events(raw)]
+    assert [event["index"] for event in events] == list(range(1, len(events) + 1))
+    text = "".join(event["token"]["text"] for event in events)
+    last = events[-1]
+    assert all(e["generated_text"] is None and e["details"] is None for e in events[:-1])
+    assert last["generated_text"] == text and last["details"]["finish_reason"] == "length"
+    return Decoded(text, len(events), last["details"]["generated_tokens"], True)
+
+
 def decode_generic(raw: bytes) -> Decoded:
     events = sse_events(raw)
     assert all(event.event == "tick" for event in events)
@@ -370,6 +382,7 @@ WIRES = [
         "text/event-stream",
         decode_ui_stream,
     ),
+    Wire("tgi", "POST", "/generate_stream", {"inputs": "hi"}, "text/event-stream", decode_tgi),
     Wire("generic", "GET", "/sse", None, "text/event-stream", decode_generic),
 ]
 
@@ -947,3 +960,15 @@ def test_mock_help_documents_every_fault_and_the_per_request_controls() -> None:
     for control in ("tokens", "tps", "ttft", "fault-after", "delay", "status", "request-id"):
         assert f"\n  {control} " in helped.stdout, control
     assert "x-mock-<name>" in helped.stdout and "--no-abort" in helped.stdout
+
+
+async def test_tgi_answers_whole_on_generate_and_with_its_error_shape(
+    mock: MockServer, http: aiohttp.ClientSession
+) -> None:
+    async with http.post(mock.url + "/generate?tokens=3", json={"inputs": "hi"}) as response:
+        body = await response.json()
+    assert body["generated_text"] == mock_text(3) and body["details"]["generated_tokens"] == 3
+    headers = {"x-mock-fault": "error-status", "x-mock-status": "429"}
+    async with http.post(mock.url + "/generate_stream", json={}, headers=headers) as response:
+        body = await response.json()
+    assert response.status == 429 and body["error_type"] == "overloaded"

@@ -187,6 +187,7 @@ MOCK_CASES: list[tuple[str, str, str, bytes, dict[str, str]]] = [
     ("ollama-generate", "POST", "/api/generate", MOCK_BODY, {}),
     ("vercel-data-stream", "POST", "/vercel/data-stream", MOCK_BODY, {}),
     ("vercel-ui-stream", "POST", "/vercel/ui-stream", MOCK_BODY, {}),
+    ("tgi", "POST", "/generate_stream", MOCK_BODY, {}),
     ("generic", "GET", "/sse", b"", {}),
 ]
 # The mock stamps each answer with the second it was made: the only bytes that

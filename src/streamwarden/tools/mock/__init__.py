@@ -24,9 +24,10 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/responses``,
 ``POST /v1/messages``, ``POST /v1beta/models/{model}:streamGenerateContent``
 (``?alt=sse``) and ``:generateContent``, ``POST /api/chat``,
 ``POST /api/generate``, ``POST /vercel/data-stream``, ``POST /vercel/ui-stream``,
-``GET /sse``, ``ANY /echo/...``, ``GET /ws``, ``GET /_mock/stats``,
-``POST /_mock/reset``; any other path answers in the settings' dialect
-(streamed unless the JSON body says ``"stream": false``).
+``POST /generate_stream`` and ``/generate`` (TGI), ``GET /sse``,
+``ANY /echo/...``, ``GET /ws``, ``GET /_mock/stats``, ``POST /_mock/reset``;
+any other path answers in the settings' dialect (streamed unless the JSON
+body says ``"stream": false``).
 The controls are described in :mod:`streamwarden.tools.mock.controls`, the faults
 in :class:`Fault`.
 """

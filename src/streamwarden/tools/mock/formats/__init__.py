@@ -2,7 +2,7 @@
 
 Each provider's format lives in its own module (:mod:`.openai`,
 :mod:`.anthropic`, :mod:`.gemini`, :mod:`.cohere`, :mod:`.ollama`,
-:mod:`.vercel`, :mod:`.generic`) and renders streamed answers, whole replies and error bodies
+:mod:`.vercel`, :mod:`.tgi`, :mod:`.generic`) and renders streamed answers, whole replies and error bodies
 with no I/O. This module holds the registry of format names (the values of
 ``--dialect``) and the one rule that maps a request path to a format, so the
 server's routing and the CLI agree.
@@ -24,6 +24,7 @@ from streamwarden.tools.mock.formats.gemini import GeminiStream
 from streamwarden.tools.mock.formats.generic import GenericSSE
 from streamwarden.tools.mock.formats.ollama import OllamaChat, OllamaGenerate
 from streamwarden.tools.mock.formats.openai import OpenAIChat, OpenAIResponses
+from streamwarden.tools.mock.formats.tgi import TGIGenerateStream
 from streamwarden.tools.mock.formats.vercel import VercelDataStream, VercelUIStream
 
 __all__ = [
@@ -51,6 +52,7 @@ WIRE_FORMATS: dict[str, WireFormat] = {
         OllamaGenerate(),
         VercelDataStream(),
         VercelUIStream(),
+        TGIGenerateStream(),
         GenericSSE(),
     )
 }
@@ -70,6 +72,9 @@ _PATH_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("/v2/chat", "cohere"),
     ("/api/chat", "ollama-chat"),
     ("/api/generate", "ollama-generate"),
+    # After Ollama's /api/generate, which ends the same way.
+    ("/generate_stream", "tgi"),
+    ("/generate", "tgi"),
     ("/vercel/data-stream", "vercel-data-stream"),
     ("/vercel/ui-stream", "vercel-ui-stream"),
     ("/sse", "generic"),
