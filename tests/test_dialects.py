@@ -618,3 +618,53 @@ def test_tgi_final_event_without_details_is_terminal_and_an_error_event_is_an_er
     )
     assert TGI().inspect(error).error
 
+
+# -- Mistral's finish reasons in openai-chat ---------------------------------------------
+
+
+def _mistral(finish: str) -> bytes:
+    """A Mistral chat stream (its own chunk shape: usage on the last choice's chunk)."""
+
+    def chunk(content: str, reason: str | None, usage: dict[str, int] | None = None) -> bytes:
+        data: dict[str, Any] = {
+            "id": "cmpl-e5cc70bb28c444948073e77776eb30ef",
+            "object": "chat.completion.chunk",
+            "created": 1702256327,
+            "model": "mistral-small-latest",
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": reason}],
+        }
+        if usage is not None:
+            data["usage"] = usage
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    usage = {"prompt_tokens": 9, "total_tokens": 12, "completion_tokens": 3}
+    return chunk("Bon", None) + chunk("jour", None) + chunk("", finish, usage) + b"data: [DONE]\n\n"
+
+
+def _mistral_relay() -> Relay:
+    return Relay(
+        LIMITS,
+        started_at=0.0,
+        now=0.0,
+        path="/v1/chat/completions",
+        content_type="text/event-stream",
+        headers={},
+    )
+
+
+def test_mistrals_error_finish_reason_is_the_upstreams_own_error() -> None:
+    stream = _mistral("error")
+    relay = _mistral_relay()
+    # Passed on as it came (the client reads the upstream's own finish reason),
+    # and counted as what it is: not a completed answer.
+    assert relay.feed(stream, 1.0) + relay.upstream_eof(2.0) == stream
+    assert relay.end_state == "upstream_error"
+    assert relay.meter.upstream_reported_error and relay.meter.error_code is None
+
+
+def test_mistrals_model_length_is_an_answer_cut_by_length_and_metered_by_its_usage() -> None:
+    stream = _mistral("model_length")
+    relay = _mistral_relay()
+    assert relay.feed(stream, 1.0) + relay.upstream_eof(2.0) == stream
+    assert relay.end_state == "completed"
+    assert (relay.meter.tokens_generated, relay.meter.tokens_source) == (3, "provider")

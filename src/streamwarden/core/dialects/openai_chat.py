@@ -16,8 +16,23 @@ arrives (whatever it is: ``length`` cut mid-arguments is a broken call), or
 with ``[DONE]``; a call also ends where another ``id`` takes its ``index``
 (some servers number every call 0).
 
+Mistral's API streams the same chunks, with two finish reasons of its own
+(``mistralai``'s ``CompletionResponseStreamChoiceFinishReason`` and
+``ChatCompletionChoice``): ``model_length``, the answer reached the model's
+context length, is an ending like ``length`` (complete as the upstream
+sent it, metered by the usage of its last chunk; a call it cuts is broken),
+and ``error``, the generation failed, is the upstream's own in-band error:
+the stream ends ``upstream_error``. Both arrive in a chunk with a finish
+reason, which the plain-chunk scan never takes, so the check costs the
+plain path nothing.
+
 openai-python raises ``APIError`` on any event whose JSON data has a truthy
-``error`` object, so that is the shape of the synthesized error.
+``error`` object, so that is the shape of the synthesized error. mistralai
+has no error event in its chat stream: it validates every event as a chunk
+(``mistralai/client/chat.py`` ``stream_async`` → ``unmarshal_json_response``),
+so ours is one it cannot read and it raises ``ResponseValidationError``
+(a ``MistralError``, the event in its ``body``): never silent, though not
+an API error, and nothing else it reads can be one.
 """
 
 from __future__ import annotations
@@ -206,7 +221,7 @@ def inspect_parsed(data: str) -> Observation:
     if obj.get("error"):
         return UPSTREAM_ERROR
     choices = obj.get("choices")
-    text, tools, calls = _choices_text(choices)
+    text, tools, calls, failed = _choices_text(choices)
     usage = obj.get("usage")
     tokens = prompt = None
     if isinstance(usage, dict):
@@ -217,7 +232,9 @@ def inspect_parsed(data: str) -> Observation:
     usage_only = choices == [] and isinstance(usage, dict)
     if not text and tokens is None and prompt is None and not usage_only and calls is None:
         return NOTHING
-    return Observation(text, tokens, prompt, usage_only=usage_only, tools=tools, calls=calls)
+    return Observation(
+        text, tokens, prompt, error=failed, usage_only=usage_only, tools=tools, calls=calls
+    )
 
 
 # -- the plain chunk ----------------------------------------------------------
@@ -389,12 +406,14 @@ def _integer(data: str, pos: int) -> int:
     return pos
 
 
-def _choices_text(choices: Any) -> tuple[str, bool, list[ToolStep] | None]:
-    """The text of the choices, whether tool-call arguments are part of it, and the calls' steps."""
+def _choices_text(choices: Any) -> tuple[str, bool, list[ToolStep] | None, bool]:
+    """The text of the choices, whether tool-call arguments are part of it, the calls' steps,
+    and whether a choice finished with Mistral's ``error``."""
     if not isinstance(choices, list):
-        return "", False, None
+        return "", False, None, False
     parts: list[str] = []
     tools = False
+    failed = False
     steps: list[ToolStep] | None = None
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
@@ -421,10 +440,12 @@ def _choices_text(choices: Any) -> tuple[str, bool, list[ToolStep] | None]:
         text = choice.get("text")  # legacy Completions
         if isinstance(text, str):
             parts.append(text)
-        if choice.get("finish_reason"):
+        reason = choice.get("finish_reason")
+        if reason:
             steps = steps if steps is not None else []
             steps.append(finish_step(_index(choice, position)))
-    return (parts[0] if len(parts) == 1 else "".join(parts)), tools, steps
+            failed = failed or reason == "error"
+    return (parts[0] if len(parts) == 1 else "".join(parts)), tools, steps, failed
 
 
 def _index(holder: dict[str, Any], position: int) -> int:
