@@ -15,11 +15,12 @@ Two parts:
   error class, with the machine code where that SDK shows errors.
 
 The SDKs: openai (Chat Completions and Responses), anthropic, google-genai
-(Gemini), ollama (NDJSON), cohere (v2 chat) and the Vercel AI SDK's UI
-message stream reader, run with Node when it and the ``ai`` package are
-installed (``npm ci --prefix tests/js``). The Vercel data stream protocol
-(AI SDK 4) has no reader left in the current SDK, so it is not in the
-matrix.
+(Gemini), ollama (NDJSON), cohere (v2 chat), huggingface_hub (TGI's
+``/generate_stream``), mistralai (OpenAI-like chunks) and the Vercel AI
+SDK's UI message stream reader, run with Node when it and the ``ai``
+package are installed (``npm ci --prefix tests/js``). The Vercel data
+stream protocol (AI SDK 4) has no reader left in the current SDK, so it is
+not in the matrix.
 
 cohere's SDK raises on no event, so there the rule is the broken body's: a
 stream that ends in our error ends the client's body abnormally too, and the
@@ -30,6 +31,7 @@ whose ``delta.error`` carries our code.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,12 +41,16 @@ from typing import Any
 import anthropic
 import cohere
 import httpx
+import huggingface_hub
+import mistralai.client
 import ollama
 import openai
 import pytest
 from aiohttp import web
 from google import genai
 from google.genai import types as genai_types
+from huggingface_hub import errors as hf_errors
+from mistralai.client import errors as mistral_errors
 
 from middleware_apps import serve_in_process
 from sidecars import StartSidecar
@@ -216,6 +222,31 @@ async def cohere_text(base_url: str, headers: dict[str, str], got: list[str]) ->
     return "".join(got)
 
 
+async def tgi_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    client = huggingface_hub.AsyncInferenceClient(
+        base_url=base_url + "/generate_stream", headers=headers
+    )
+    try:
+        async for output in await client.text_generation("hi", stream=True, details=True):
+            if not output.token.special:
+                got.append(output.token.text)
+    finally:
+        await client.close()
+    return "".join(got)
+
+
+async def mistral_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
+    async with mistralai.client.Mistral(api_key="test", server_url=base_url) as client:
+        stream = await client.chat.stream_async(
+            model="mistral-small-latest",
+            messages=[{"role": "user", "content": "hi"}],
+            http_headers=headers,
+        )
+        async for event in stream:
+            got.extend(str(choice.delta.content or "") for choice in event.data.choices)
+    return "".join(got)
+
+
 async def vercel_ui_text(base_url: str, headers: dict[str, str], got: list[str]) -> str:
     result = await read_ui_stream(base_url + "/vercel/ui-stream", headers)
     got.append(result["text"])
@@ -278,6 +309,42 @@ def cohere_code(exc: BaseException) -> str | None:
     return None
 
 
+#: The huggingface_hub class each of our codes raises (the tgi dialect's
+#: error_type for it: incomplete_generation for a cut, generation otherwise).
+TGI_CLASSES: dict[str, type[Exception]] = {
+    "stream_truncated": hf_errors.IncompleteGenerationError,
+    "upstream_error": hf_errors.GenerationError,
+    "upstream_timeout": hf_errors.GenerationError,
+    "event_too_large": hf_errors.GenerationError,
+}
+
+
+def tgi_code(exc: BaseException) -> str | None:
+    # huggingface_hub raises a TextGenerationError subclass chosen by the
+    # event's error_type, with its "error" string as the message.
+    if isinstance(exc, hf_errors.TextGenerationError):
+        match = _CODE_AT_END.search(str(exc))
+        if match is not None:
+            assert type(exc) is TGI_CLASSES[match.group(1)], repr(exc)
+            return match.group(1)
+    return None
+
+
+def mistral_code(exc: BaseException) -> str | None:
+    # mistralai validates every event as a CompletionChunk (its chat stream
+    # has no error event): ours is not one, so it raises its own
+    # ResponseValidationError, a MistralError of the 200 answer, whose body is
+    # the event it read. (A half event is not JSON: no code in it.)
+    if not isinstance(exc, mistral_errors.ResponseValidationError) or exc.status_code != 200:
+        return None
+    data = json.loads(exc.body).get("data")
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return None
+    assert str(error["message"]).endswith(f"({error['code']})")
+    return str(error["code"])
+
+
 def vercel_code(exc: BaseException) -> str | None:
     # readUIMessageStream raises a plain Error with the error part's text.
     if isinstance(exc, VercelStreamError) and exc.name == "Error":
@@ -304,6 +371,10 @@ SDKS = [
     SDK("google-genai", gemini_text, gemini_code, "raises without a code"),
     SDK("ollama", ollama_text, ollama_code, "raises without a code"),
     SDK("cohere", cohere_text, cohere_code, "silent"),
+    # Both read the half event left at the end: json.JSONDecodeError, and
+    # mistralai's ResponseValidationError of a string that is no chunk.
+    SDK("huggingface_hub", tgi_text, tgi_code, "raises without a code"),
+    SDK("mistralai", mistral_text, mistral_code, "raises without a code"),
     SDK("vercel-ai", vercel_ui_text, vercel_code, "silent"),
 ]
 
@@ -512,6 +583,14 @@ async def test_without_streamwarden_a_reset_is_an_error_without_a_reason(
     _, raised = await outcome(sdk, mock.url, "reset")
     assert raised is not None
     assert sdk.code_of(raised) is None
+
+
+@pytest.mark.parametrize("sdk", sdk_params())
+async def test_through_streamwarden_each_sdk_reads_the_same_whole_answer(
+    mock: MockServer, start_sidecar: StartSidecar, sdk: SDK
+) -> None:
+    sidecar = await start_sidecar(mock.url, **SIDECAR)
+    assert await sdk.read(sidecar.proxy_url, FAST, []) == FULL_ANSWER
 
 
 @pytest.mark.parametrize("fault", FAULTS)

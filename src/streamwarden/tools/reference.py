@@ -72,6 +72,18 @@ SDK_ERRORS: dict[str, tuple[str, str]] = {
         "event it yields, `finish_reason` `ERROR`, `(code)` at the end of `delta.error`; then "
         "the broken body's `httpx.RemoteProtocolError` (a reset's may be a `ReadError`)",
     ),
+    "huggingface_hub": (
+        "huggingface_hub.errors.TextGenerationError",
+        "the subclass TGI's `error_type` names (`IncompleteGenerationError` for a cut, "
+        "`GenerationError`, `OverloadedError`, `ValidationError`); `(code)` at the end of "
+        "the message",
+    ),
+    "mistralai": (
+        "mistralai.client.errors.ResponseValidationError",
+        "its chat stream has no error event: it fails to read ours as a chunk and raises this "
+        "`MistralError` (`.status_code` 200); the event in `.body`: "
+        "`data.error.code`, and `(code)` at the end of `data.error.message`",
+    ),
     "vercel-ai": (
         "Error",
         "the AI SDK's `readUIMessageStream` (JavaScript) throws it with the error part's "
