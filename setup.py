@@ -44,6 +44,7 @@ COMPILED = [
     "streamwarden/core/dialects/__init__.py",
     "streamwarden/core/dialects/base.py",
     "streamwarden/core/dialects/anthropic.py",
+    "streamwarden/core/dialects/cohere.py",
     "streamwarden/core/dialects/gemini.py",
     "streamwarden/core/dialects/generic.py",
     "streamwarden/core/dialects/ndjson.py",

@@ -585,14 +585,6 @@ async def test_without_streamwarden_a_reset_is_an_error_without_a_reason(
     assert sdk.code_of(raised) is None
 
 
-@pytest.mark.parametrize("sdk", sdk_params())
-async def test_through_streamwarden_each_sdk_reads_the_same_whole_answer(
-    mock: MockServer, start_sidecar: StartSidecar, sdk: SDK
-) -> None:
-    sidecar = await start_sidecar(mock.url, **SIDECAR)
-    assert await sdk.read(sidecar.proxy_url, FAST, []) == FULL_ANSWER
-
-
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("sdk", sdk_params())
 async def test_through_streamwarden_each_fault_raises_the_sdks_own_error_with_our_code(

@@ -2,10 +2,10 @@
 
 Each provider's format lives in its own module (:mod:`.openai`,
 :mod:`.anthropic`, :mod:`.gemini`, :mod:`.cohere`, :mod:`.ollama`,
-:mod:`.vercel`, :mod:`.tgi`, :mod:`.generic`) and renders streamed answers, whole replies and error bodies
-with no I/O. This module holds the registry of format names (the values of
-``--dialect``) and the one rule that maps a request path to a format, so the
-server's routing and the CLI agree.
+:mod:`.vercel`, :mod:`.tgi`, :mod:`.generic`) and renders streamed answers,
+whole replies and error bodies with no I/O. This module holds the registry
+of format names (the values of ``--dialect``) and the one rule that maps a
+request path to a format, so the server's routing and the CLI agree.
 """
 
 from __future__ import annotations
