@@ -13,7 +13,7 @@
 # (installed here; STREAMWARDEN_EVENT_LOOP=asyncio for the standard loop).
 # It installs the project's wheel, built and repaired in a stage with a C
 # compiler, into a stage without one: the per-event modules run compiled.
-# tests/test_container.py checks these properties and runs the same build
+# tests/project/test_container.py checks these properties and runs the same build
 # and install steps and entrypoint without a Docker engine.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

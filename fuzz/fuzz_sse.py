@@ -11,7 +11,7 @@ checks what must hold for any bytes at any chunking:
 - the framer never holds more than ``max_event_bytes`` (plus a partial BOM).
 
 Run: ``python fuzz/fuzz_sse.py -max_total_time=60`` (libFuzzer flags apply).
-CI runs it for a few seconds through ``tests/test_fuzz_smoke.py``.
+CI runs it for a few seconds through ``tests/project/test_fuzz_smoke.py``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server from source, CPU only, for tests/test_real_engine.py.
+# Build llama.cpp's llama-server from source, CPU only, for tests/features/test_real_engine.py.
 #
 # The source is the llama.cpp vendored in the llama-cpp-python sdist on PyPI
 # (an ordinary `pip download`, no git clone); nothing else is downloaded:
 # no model (the test writes its own), no prebuilt web UI, no curl/OpenSSL.
 #
 #   tests/real_engine/build.sh [BUILD_DIR]     (default /tmp/llama-build)
-#   SWTEST_REAL_ENGINE=$(tests/real_engine/build.sh | tail -1) pytest tests/test_real_engine.py
+#   SWTEST_REAL_ENGINE=$(tests/real_engine/build.sh | tail -1) pytest tests/features/test_real_engine.py
 #
 # Env: PYTHON (default: python3), LLAMA_CPP_PYTHON_VERSION (default: 0.3.36,
 # the version measured: ~12 min with -j2 on a 2-core machine), JOBS (default 2).

@@ -4,7 +4,7 @@ Two layers, hidden size 64, a 512-entry SentencePiece-style vocabulary
 (the three specials, the 128 ASCII byte tokens, then "▁word" and single
 letter pieces). Its answers are noise, but llama-server loads it, runs the
 real llama architecture on it and counts its tokens like any other model's:
-enough for the engine-counter tests (tests/test_real_engine.py).
+enough for the engine-counter tests (tests/features/test_real_engine.py).
 
 Usage: python tests/real_engine/tiny_model.py OUT.gguf
 """

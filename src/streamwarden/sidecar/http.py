@@ -30,8 +30,8 @@ request being handled, and the queue of parsed requests, which it makes a
 list: see :class:`_ShortDeque`, as it does the read buffer of a request body
 read to its end), all present since aiohttp 3.8, on the request's cache of
 its properties (:func:`travel_light`) and on
-its protocol's ``_drain_helper``; the tests in ``tests/test_hostile_input.py``
-and ``tests/test_faults.py`` fail loudly if they change.
+its protocol's ``_drain_helper``; the tests in ``tests/sidecar/test_hostile_input.py``
+and ``tests/sidecar/test_faults.py`` fail loudly if they change.
 """
 
 from __future__ import annotations

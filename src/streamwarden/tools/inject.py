@@ -83,7 +83,7 @@ PRE_STOP_SECONDS = 5
 #: After the drain, a moment to write the ``shutting_down`` events and exit.
 EXIT_MARGIN_SECONDS = 5
 
-# The chart's values.yaml defaults, kept the same (tests/test_inject.py
+# The chart's values.yaml defaults, kept the same (tests/tools/test_inject.py
 # compares the injected container with the chart's rendering).
 RESOURCES: dict[str, Any] = {
     # No CPU limit on purpose: CFS throttling delays every token in flight.

@@ -11,7 +11,7 @@ written again.
 The error codes and end states are made here, from :class:`ErrorCode`,
 :class:`EndState` and each dialect's own error event; what each SDK raises
 on them is :data:`SDK_ERRORS`, which the SDK matrix
-(``tests/test_sdk_error_events.py``) holds to the SDKs it runs.
+(``tests/faces/test_sdk_error_events.py``) holds to the SDKs it runs.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ END_STATES: dict[EndState, str] = {
 }
 
 #: What each SDK raises on an error event of ours, and where it shows the code:
-#: the SDK matrix's names (tests/test_sdk_error_events.py) -> (exception, where).
+#: the SDK matrix's names (tests/faces/test_sdk_error_events.py) -> (exception, where).
 SDK_ERRORS: dict[str, tuple[str, str]] = {
     "openai-chat": ("openai.APIError", "`.code`, and `(code)` at the end of `.message`"),
     "openai-responses": ("openai.APIError", "`.code`, and `(code)` at the end of `.message`"),

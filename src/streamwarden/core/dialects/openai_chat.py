@@ -248,7 +248,7 @@ def inspect_parsed(data: str) -> Observation:
 # no escapes, no control characters, integers in JSON's own form), and its
 # members are the plain ones below, ``choices`` once.
 # Anything else, a legal chunk or not, goes to :func:`inspect_parsed`; the
-# property test (``tests/test_openai_plain_chunk.py``) holds the two to the
+# property test (``tests/core/test_openai_plain_chunk.py``) holds the two to the
 # same observation.
 
 #: What may follow a choice's delta (each at most once, in any order): nulls only.

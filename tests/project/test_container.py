@@ -41,12 +41,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from locations import REPO
 from streamwarden._native import PURE_PYTHON
 from streamwarden.config import Settings
 from streamwarden.tools.mock import MockServer
 from waiting import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 IMAGE_UID = 10001

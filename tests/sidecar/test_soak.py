@@ -6,7 +6,7 @@ memory must not grow past a stated tolerance, and at the end its metrics
 must equal the mock upstream's own counts exactly.
 
 The length is a parameter: ``SOAK_SECONDS=3600 pytest
-tests/test_soak.py`` soaks for an hour; CI runs the default 15 seconds.
+tests/sidecar/test_soak.py`` soaks for an hour; CI runs the default 15 seconds.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def short_gc_pauses() -> Iterator[None]:
     loaded the SDKs, a full collection pauses the mock for longer than the
     sidecar's 150 ms idle timeout, which then cuts a healthy stream with
     tokens on the wire that the mock counted and the sidecar never read (seen
-    after tests/test_sdk_error_events.py). Frozen, what is loaded is never
+    after tests/faces/test_sdk_error_events.py). Frozen, what is loaded is never
     walked again.
     """
     gc.collect()

@@ -27,6 +27,7 @@ import aiohttp
 import pytest
 import yaml
 
+from locations import REPO
 from lockstep import Lockstep, lines_in_lockstep
 from sidecars import StartSidecar
 from streamwarden.config import Settings, load_settings, parse_duration, parse_size
@@ -34,7 +35,7 @@ from streamwarden.core.relay import KEEPALIVE
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = REPO / "configs"
 # Files in configs/ that are not streamwarden configs.
 NOT_STREAMWARDEN = {"prometheus-rules.yaml"}
 NGINX_SITE = CONFIGS / "nginx" / "streamwarden.conf"

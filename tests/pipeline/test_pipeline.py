@@ -7,7 +7,6 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from locations import REPO
 from middleware_apps import serve_in_process
 from shout_stage import Shout
 from sidecars import StartSidecar
@@ -33,7 +33,7 @@ from streamwarden.sse import SSEDecoder
 from streamwarden.tools.mock import MockServer
 from waiting import wait_for
 
-PARITY_PAGE = Path(__file__).parent.parent / "docs" / "reference" / "parity.md"
+PARITY_PAGE = REPO / "docs" / "reference" / "parity.md"
 CHAT = "/v1/chat/completions"
 EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]
 

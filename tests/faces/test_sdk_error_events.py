@@ -35,7 +35,6 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -52,6 +51,7 @@ from google.genai import types as genai_types
 from huggingface_hub import errors as hf_errors
 from mistralai.client import errors as mistral_errors
 
+from locations import STREAMS
 from middleware_apps import serve_in_process
 from sidecars import StartSidecar
 from streamwarden.core.relay import Limits, Relay
@@ -67,7 +67,6 @@ from vercel_reader import (
     sdk_param,
 )
 
-STREAMS = Path(__file__).parent / "fixtures" / "streams"
 LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
 
 # google-genai subclasses aiohttp's ClientSession, which aiohttp warns about.

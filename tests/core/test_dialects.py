@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from locations import STREAMS
 from streamwarden.core.dialects import detect, sniff, stream_framing
 from streamwarden.core.dialects.gemini import Gemini
 from streamwarden.core.dialects.tgi import TGI
@@ -18,7 +18,6 @@ from streamwarden.core.relay import ErrorCode, Limits, Relay
 from streamwarden.core.sse import Event, LineFramer, SSEDecoder, SSEFramer
 from streamwarden.pipeline.transforms import with_transforms
 
-STREAMS = Path(__file__).parent / "fixtures" / "streams"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((STREAMS / "manifest.json").read_text())
 LIMITS = Limits(
     keepalive_interval=15.0,

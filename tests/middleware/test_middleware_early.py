@@ -7,7 +7,7 @@ while; a load balancer with an idle timeout cuts it. Through the middleware
 the client has ``200 text/event-stream`` and keep-alives while the app
 waits, then the app's events; an app that answers with an error instead
 gets the dialect's error event, which the openai SDK raises on, as in the
-sidecar (``tests/test_sidecar_streams.py``).
+sidecar (``tests/sidecar/test_sidecar_streams.py``).
 """
 
 from __future__ import annotations

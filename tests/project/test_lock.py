@@ -21,9 +21,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from locations import REPO
 from streamwarden.config import ConfigError, environment_overrides
 
-REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "requirements"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
@@ -119,7 +119,7 @@ def test_aiohttp_is_bounded_to_the_minor_versions_the_sidecar_was_tested_on() ->
 #: a user's typo), so a test helper's own variable would stop a tier dead.
 TIERS = ["tests", "bench", ".ci", "examples", "fuzz", "helm", "docs", "README.md", "Dockerfile"]
 #: The tests of that very refusal, which write wrong names on purpose.
-ON_PURPOSE = {"tests/test_config.py"}
+ON_PURPOSE = {"tests/config/test_config.py"}
 
 
 def tier_files() -> Iterator[Path]:

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from locations import REPO
 from streamwarden.cli import _inject_options, _parser
 from streamwarden.tools.inject import InjectOptions, inject_object
 from streamwarden.tools.webhook import CertificateFiles, webhook_app
@@ -29,7 +30,7 @@ from test_helm_chart import NAMESPACE, RELEASE, objects_of
 from test_webhook import admission_review, apply_patch, patch_of, replicaset_pod
 from upstreams import ServeUpstream, port_of
 
-CHART = Path(__file__).resolve().parent.parent / "helm" / "streamwarden"
+CHART = REPO / "helm" / "streamwarden"
 WEBHOOK_ONLY = {"mode": "inject", "webhook": {"enabled": True}}
 SERVICE_DNS = f"{RELEASE}-streamwarden-webhook.{NAMESPACE}.svc"
 

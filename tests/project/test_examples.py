@@ -9,12 +9,12 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
+from locations import REPO
+
+EXAMPLES = REPO / "examples"
 
 
 def free_port() -> int:
@@ -27,7 +27,7 @@ def free_port() -> int:
 @contextmanager
 def running(*command: str) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
-        list(command), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        list(command), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
         yield process

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "streamwarden"
+from locations import REPO
+
+SRC = REPO / "src" / "streamwarden"
 
 MAX_FUNCTION_LINES = 60
 MAX_FACE_CLASS_LINES = 300

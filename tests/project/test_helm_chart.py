@@ -33,16 +33,16 @@ from typing import Any
 import pytest
 import yaml
 
+from locations import REPO, TESTS
 from streamwarden.config import RouteSettings, Settings, load_settings, parse_duration
 from streamwarden.core.meter import EndState
 from streamwarden.observation.metrics import StreamMetrics
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "streamwarden"
-CASES_DIR = Path(__file__).resolve().parent / "helm"
+CHART = REPO / "helm" / "streamwarden"
+CASES_DIR = TESTS / "helm"
 HOST_CHART = CASES_DIR / "host-chart"
-RULES_FILE = ROOT / "configs" / "prometheus-rules.yaml"
-DASHBOARD = ROOT / "configs" / "grafana-dashboard.json"
+RULES_FILE = REPO / "configs" / "prometheus-rules.yaml"
+DASHBOARD = REPO / "configs" / "grafana-dashboard.json"
 
 RELEASE = "demo"
 NAMESPACE = "llm"

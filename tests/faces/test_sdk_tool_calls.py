@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -36,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from locations import FIXTURES
 from middleware_apps import serve_in_process
 from sidecars import sidecars
 from streamwarden.core.sse import SSEFramer
@@ -47,8 +47,6 @@ from vercel_reader import (
     read_ui_stream,
     sdk_param,
 )
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Inheritance class AiohttpClientSession:DeprecationWarning"

@@ -23,7 +23,8 @@ from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from locations import REPO
+
 SCRIPT = REPO / ".ci" / "wheel"
 SOURCE = b"def feed(data: bytes) -> int:\n    return len(data)\n"
 ABI = "cpython-311-x86_64-linux-gnu"

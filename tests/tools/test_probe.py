@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 
 from conftest import StartSidecar
+from locations import REPO
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.tools.mock import MockServer, MockSettings, start_mock
 from streamwarden.tools.probe.measure import (
@@ -41,7 +42,6 @@ from streamwarden.tools.probe.measure import (
 )
 from test_configs import free_port, needs_nginx, running_nginx
 
-REPO = Path(__file__).resolve().parent.parent
 # 12 tokens at 10 per second: a stream of ~1.3 s, slow enough that a hop's
 # buffering shows, short enough for the suite.
 PACE = ["-H", "x-mock-tokens: 12", "-H", "x-mock-tps: 10", "-H", "x-mock-ttft: 0.1"]

@@ -1,7 +1,7 @@
 """A failure is never less visible through streamwarden than it is directly.
 
 Where a format's clients raise on its in-band error event, that event is
-how a cut reaches them (tests/test_sdk_error_events.py). Where they do not
+how a cut reaches them (tests/faces/test_sdk_error_events.py). Where they do not
 (a plain event stream, read here with ``httpx-sse`` as any generic SSE
 client would, or ``EventSource``), the client's body ends abnormally after
 the error event: no terminating chunk, as from an upstream that broke off.

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from locations import REPO
 from streamwarden.config import Settings, parse_duration, parse_size, written_default
 from streamwarden.core.meter import EndState
 from streamwarden.tools.reference import END_STATES, TABLES, Table, main
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = REPO / "docs"
 _OTEL = {"span attributes", "genai metrics"}
 
 

@@ -138,9 +138,9 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "max_stream_duration",
         "client_write_timeout",
         "max_event_bytes",
-        # tests/test_toolcalls_faces.py: the tool calls' arguments held, both faces.
+        # tests/faces/test_toolcalls_faces.py: the tool calls' arguments held, both faces.
         "max_tool_arguments_bytes",
-        # tests/test_toolcalls_depth_cost.py: arguments nested past it, both faces.
+        # tests/faces/test_toolcalls_depth_cost.py: arguments nested past it, both faces.
         "max_tool_arguments_depth",
         "max_concurrent_streams",
         "early_headers_after",
@@ -151,7 +151,7 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "metrics_path",
         "log_format",
         "log_level",
-        # tests/test_middleware_resume.py: detach and drain run the app on.
+        # tests/features/test_middleware_resume.py: detach and drain run the app on.
         "on_client_gone",
         "resume_window",
         "resume_store",
@@ -161,13 +161,14 @@ def test_every_other_setting_is_one_the_middleware_uses() -> None:
         "resume_owner_headers",
         "resume_owner_query_params",
         "resume_secret",
-        # tests/test_telemetry.py: spans and GenAI metrics from both faces.
+        # tests/observation/test_telemetry.py: spans and GenAI metrics from both faces.
         "otel_exporter",
         "otel_record_models",
-        # tests/test_filters_faces.py, tests/test_filters.py: redact or block, both faces.
+        # tests/faces/test_filters_faces.py, tests/core/test_filters.py: redact or block,
+        # both faces.
         "output_filters",
         "output_filter_tool_arguments",
-        # tests/test_engine_reconcile.py: the engine's counters against either face's.
+        # tests/features/test_engine_reconcile.py: the engine's counters against either face's.
         "engine_metrics_url",
         "engine",
         "engine_scrape_interval",

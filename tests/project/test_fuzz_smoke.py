@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+from locations import REPO, STREAMS
+
 SECONDS = 8
 
 
@@ -22,13 +23,13 @@ def test_fuzzing_the_decoder_finds_nothing(tmp_path: Path) -> None:
     pytest.importorskip("atheris", reason="atheris is not installed (pip install atheris)")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for seed in (ROOT / "tests" / "fixtures" / "streams").iterdir():
+    for seed in STREAMS.iterdir():
         if seed.suffix in (".sse", ".txt", ".ndjson"):
             shutil.copy(seed, corpus / seed.name)
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "fuzz" / "fuzz_sse.py"),
+            str(REPO / "fuzz" / "fuzz_sse.py"),
             str(corpus),
             f"-max_total_time={SECONDS}",
             "-print_final_stats=1",

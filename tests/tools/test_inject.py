@@ -23,13 +23,13 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import yaml
 
+from locations import REPO, TESTS
 from streamwarden.cli import _parser, _settings_from
 from streamwarden.config import parse_duration
 from streamwarden.tools.inject import (
@@ -43,9 +43,8 @@ from streamwarden.tools.inject import (
 from streamwarden.tools.mock import MockServer
 from waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKLOADS = Path(__file__).resolve().parent / "inject" / "workloads.yaml"
-IMAGE_CONFIG = ROOT / "configs" / "sidecar-in-front-of-app.yaml"
+WORKLOADS = TESTS / "inject" / "workloads.yaml"
+IMAGE_CONFIG = REPO / "configs" / "sidecar-in-front-of-app.yaml"
 KUBE_VERSIONS = ["1.29.0", "1.30.0"]
 BASE_URL_NAMES = {"OPENAI_BASE_URL", "ANTHROPIC_BASE_URL"}
 TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
@@ -593,7 +592,7 @@ def test_bad_input_exits_2_with_one_line(args: tuple[str, ...], stdin: str, mess
 def test_the_kubernetes_page_lists_every_annotation_with_its_default() -> None:
     import streamwarden.tools.inject as inject
 
-    section = (ROOT / "docs" / "kubernetes.md").read_text()
+    section = (REPO / "docs" / "kubernetes.md").read_text()
     rows = dict(re.findall(r"^\| `(streamwarden\.io/[a-z-]+)` \|([^|]*)\|", section, re.MULTILINE))
     annotations = {
         value

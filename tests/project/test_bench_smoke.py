@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from locations import REPO
+
 sys.path.insert(0, str(REPO))
 
-from bench.paths import nginx_binary  # noqa: E402
+from bench.paths import nginx_binary
 
 PATHS = ["direct", "sidecar", "fastapi-mw"] + (["nginx"] if nginx_binary() else [])
 PROXIES = [p for p in PATHS if p != "direct"]

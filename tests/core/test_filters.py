@@ -20,6 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from locations import REPO, STREAMS
 from streamwarden.config import ConfigError, load_settings
 from streamwarden.core.dialects import sniff
 from streamwarden.core.filters import REDACTED, FilterRule, compile_filters, luhn_valid
@@ -571,8 +572,7 @@ def test_the_journal_keeps_what_the_client_gets_redacted_and_in_order(detached: 
 
 # -- recorded streams of every dialect ------------------------------------------------------
 
-_STREAMS = Path(__file__).parent / "fixtures" / "streams"
-_MANIFEST: dict[str, dict[str, Any]] = json.loads((_STREAMS / "manifest.json").read_text())
+_MANIFEST: dict[str, dict[str, Any]] = json.loads((STREAMS / "manifest.json").read_text())
 
 
 def _recorded_relay(name: str, rules: tuple[FilterRule, ...], tools: bool) -> Relay:
@@ -610,7 +610,7 @@ def _texts(name: str, stream: bytes, tools: bool) -> str:
 def test_recorded_streams_pass_unchanged_and_the_dialect_text_is_the_filtered_text(
     name: str,
 ) -> None:
-    stream = (_STREAMS / name).read_bytes()
+    stream = (STREAMS / name).read_bytes()
     for tools in (False, True):
         r = _recorded_relay(name, (*REDACT, FilterRule("builtin", "cards", "block", "c")), tools)
         assert run(r, [stream]) == stream  # no false positive on a real answer
@@ -636,7 +636,7 @@ def test_recorded_streams_pass_unchanged_and_the_dialect_text_is_the_filtered_te
 def test_a_literal_in_a_recorded_answer_is_redacted_and_tool_arguments_only_when_asked(
     name: str,
 ) -> None:
-    stream = (_STREAMS / name).read_bytes()
+    stream = (STREAMS / name).read_bytes()
     entry = _MANIFEST[name]
     cafe = (FilterRule("literal", "café", "redact", "cafe"),)
     out = run(_recorded_relay(name, cafe, False), [stream])
@@ -755,7 +755,7 @@ def chat_text_before_error(stream: bytes) -> str:
 
 
 def test_the_docs_example_is_a_valid_config(tmp_path: Path) -> None:
-    section = (Path(__file__).parent.parent / "docs" / "filters.md").read_text()
+    section = (REPO / "docs" / "filters.md").read_text()
     start = section.index("```yaml\n") + len("```yaml\n")
     example = tmp_path / "example.yaml"
     example.write_text(section[start : section.index("```", start)])
@@ -781,7 +781,7 @@ def _responses_with_key() -> bytes:
     ``response.content_part.done``, ``response.output_item.done`` and
     ``response.completed`` each carry the whole text again.
     """
-    recorded = (_STREAMS / "openai_responses_text.sse").read_text()
+    recorded = (STREAMS / "openai_responses_text.sse").read_text()
     stream = (
         recorded.replace('"delta":"ïve"', f'"delta":"ïve {SECRET[:12]}"')
         .replace('"delta":" café"', f'"delta":"{SECRET[12:]} café"')
@@ -854,7 +854,7 @@ def test_a_key_only_a_summary_event_carries_is_blocked_or_redacted_there() -> No
 
 
 def test_tool_arguments_repeated_whole_are_filtered_when_tool_arguments_are() -> None:
-    recorded = (_STREAMS / "openai_responses_tool_call.sse").read_text()
+    recorded = (STREAMS / "openai_responses_tool_call.sse").read_text()
     # Only in the whole arguments (the deltas cut "naïve café" in pieces): the .done
     # event, the output item and the response carry it.
     stream = recorded.replace("naïve café", f"naïve {SECRET} café").encode()
@@ -881,7 +881,7 @@ def test_tool_arguments_repeated_whole_are_filtered_when_tool_arguments_are() ->
 def test_vercel_tool_input_repeated_whole_is_filtered_with_the_deltas(
     name: str, delta: str, whole: str
 ) -> None:
-    recorded = (_STREAMS / name).read_text()
+    recorded = (STREAMS / name).read_text()
     city = whole.split('"city":"')[1].rstrip('"}')
     stream = recorded.replace(delta, delta[:-1] + f' {SECRET}"', 1).replace(
         whole, whole.replace(city, f"{city} {SECRET}"), 1

@@ -28,6 +28,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from locations import FIXTURES
 from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder
 from upstreams import ServeUpstream, port_of
@@ -747,7 +748,7 @@ async def test_no_secret_reaches_a_log_line_and_url_credentials_are_sent_upstrea
 
 # -- one flooding upstream does not starve the others -------------------------------
 
-FLOOD_UPSTREAM = Path(__file__).parent / "fixtures" / "flood_upstream.py"
+FLOOD_UPSTREAM = FIXTURES / "flood_upstream.py"
 
 
 @pytest.mark.slow
