@@ -36,6 +36,7 @@ from streamwarden.core.dialects import Framing, asks_for_stream, stream_framing
 
 __all__ = [
     "EARLY_PLAN",
+    "MESSAGES_PLAN",
     "Encoding",
     "StreamPlan",
     "asks_for_stream",
@@ -107,6 +108,11 @@ def plan_response(
 #: The plan of a head committed before the upstream answered (early headers):
 #: an event stream, uncompressed, its dialect left to the request's path.
 EARLY_PLAN = StreamPlan("sse", "identity", "text/event-stream; charset=utf-8")
+
+
+#: The plan of the streams a WebSocket's messages carry (the Responses API's):
+#: each text message is one whole event, and goes on as it came.
+MESSAGES_PLAN = StreamPlan("messages", "identity", None)
 
 
 def early_refusal(

@@ -63,7 +63,7 @@ from streamwarden.core.endings import (
 from streamwarden.core.lifecycle import Input, Lifecycle, Next, Phase
 from streamwarden.core.meter import EndState, GapObserver, StreamMeter
 from streamwarden.core.refusals import refusal_body
-from streamwarden.core.sse import EventTooLarge, Frame, LineFramer, SSEFramer
+from streamwarden.core.sse import EventTooLarge, Frame, LineFramer, MessageFramer, SSEFramer
 from streamwarden.core.timers import ENDING, Timer, Timers
 from streamwarden.core.toolcalls import DEPTH, ToolCall
 from streamwarden.core.transform import Stop, TransformChain
@@ -141,10 +141,12 @@ class Relay:
         )
         self._dialect: Dialect = detection.dialect
         self._provisional = detection.provisional
-        self._framer: SSEFramer | LineFramer = (
+        self._framer: SSEFramer | LineFramer | MessageFramer = (
             SSEFramer(limits.max_event_bytes)
             if self._framing == "sse"
             else LineFramer(limits.max_event_bytes)
+            if self._framing == "lines"
+            else MessageFramer(limits.max_event_bytes)  # each feed: one whole message
         )
         self.meter = StreamMeter(started_at, gap_observer)
         #: The stream's tool calls, checked on the way out (``/streams`` lists the open ones).
@@ -265,8 +267,8 @@ class Relay:
             return b""
         return self._end_or_fail(ErrorCode.UPSTREAM_ERROR, now)
 
-    def upstream_refused(self, now: float, code: ErrorCode, reason: str) -> bytes:
-        """With early headers, the upstream gave no stream after the client's ``200`` went out."""
+    def upstream_refused(self, now: float, code: ErrorCode, reason: str | None = None) -> bytes:
+        """No stream after an early ``200``, or a message the upstream's transport refused."""
         if self.done:
             return b""
         return self._fail(code, now, reason)

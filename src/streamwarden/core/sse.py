@@ -734,3 +734,33 @@ def with_data(raw: bytes, data: str, *, lines: bool = False) -> bytes:
             continue
         out.append(line)
     return b"".join(out)
+
+
+class MessageFramer:
+    """The frames of a transport that frames its messages itself (a WebSocket's text messages).
+
+    Each ``feed`` is one whole message, and so one frame: its bytes as they
+    came, one event whose data is its text (the Responses API sends its SSE
+    events' data as messages). Nothing is ever held between messages; one
+    over ``max_event_bytes`` raises :class:`EventTooLarge`, as a block does.
+    """
+
+    __slots__ = ("_limit",)
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._limit = max_event_bytes
+
+    @property
+    def pending_bytes(self) -> int:
+        return 0
+
+    def held(self) -> bytes:
+        return b""
+
+    def feed(self, chunk: bytes) -> list[Frame]:
+        if self._limit is not None and len(chunk) > self._limit:
+            raise EventTooLarge(len(chunk), self._limit, [])
+        return [Frame(chunk, Event("message", chunk.decode("utf-8", "replace")))]
+
+    def close(self) -> list[Frame]:
+        return []

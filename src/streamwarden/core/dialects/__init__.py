@@ -6,12 +6,17 @@ rules, in this order:
 1. A configured dialect (anything but ``auto``) is used as is.
 2. Response headers decide when they can: the Vercel AI stream headers, and
    ``application/x-ndjson``.
-3. Otherwise the request path gives a first guess (``/chat/completions``,
+3. A WebSocket's messages (framing ``messages``) carry a stream in one known
+   format, the Responses API's, on its path (``/responses``) or where the
+   dialect is set to it; any other WebSocket is ``generic`` (no stream to
+   read: its messages are only relayed). Not provisional: each message
+   names its own ``type``.
+4. Otherwise the request path gives a first guess (``/chat/completions``,
    ``/responses``, ``/messages``, ``:streamGenerateContent``, ``/v2/chat``,
    ``/generate_stream``), which the first data event can overrule when it
    clearly belongs to another known format: many apps serve a provider's
    stream on a path of their own.
-4. A stream that matches nothing is ``generic``.
+5. A stream that matches nothing is ``generic``.
 """
 
 from __future__ import annotations
@@ -146,6 +151,8 @@ def detect(
 ) -> Detection:
     """Choose the dialect of a stream from the setting, the response headers and the path."""
     framing = framing or stream_framing(content_type, headers) or "sse"
+    if framing == "messages":
+        return Detection(_over_messages(setting, path)(), provisional=False)
     if (
         setting == "vercel-ai"
         or DATA_STREAM_HEADER in headers
@@ -161,6 +168,21 @@ def detect(
         if pattern.search(path):
             return Detection(cls(), provisional=True)
     return Detection(Generic(), provisional=True)
+
+
+#: The formats that stream over a WebSocket's messages.
+_OVER_MESSAGES: tuple[type[Dialect], ...] = (OpenAIResponses,)
+
+
+def _over_messages(setting: str, path: str) -> type[Dialect]:
+    """The format of a WebSocket's messages: one that streams over them, or ``generic``."""
+    if setting != "auto":
+        chosen = _BY_NAME.get(setting, Generic)
+        return chosen if chosen in _OVER_MESSAGES else Generic
+    for pattern, cls in _BY_PATH:
+        if cls in _OVER_MESSAGES and pattern.search(path):
+            return cls
+    return Generic
 
 
 _STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')

@@ -26,7 +26,10 @@ from streamwarden.core.filters import REDACTED, TextKey
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import ToolStep
 
-Framing = Literal["sse", "lines"]
+#: How a stream is cut into events: SSE blocks, single lines, or the
+#: messages of a transport that frames them itself (a WebSocket's: each
+#: message is one event, its data).
+Framing = Literal["sse", "lines", "messages"]
 
 
 # Its own __init__, for the cost of building one per event (see sse.Event);
