@@ -16,7 +16,9 @@ class OutputFilters(Stage):
     summary = "`output_filters`: redact or block a match, events held back only while it may start"
 
     def wanted(self, start: StreamStart) -> bool:
-        return start.route.output_filters is not None
+        # A WebSocket's messages go on as they came (the filters rewrite
+        # events in their framing): not filtered there yet.
+        return start.route.output_filters is not None and start.plan.framing != "messages"
 
     def transform(self, stream: PipelineStream) -> EventTransform:
         route = stream.start.route
