@@ -121,7 +121,7 @@ class Proxy:
         else:
             connector = aiohttp.TCPConnector(limit=0, ssl=context if context is not None else True)
         self._websockets = WebSocketRelay(
-            connector, settings.keepalive_interval, self._websocket_listener
+            connector, settings.keepalive_interval, self._websocket_listener, self.streaming
         )
 
     async def close(self) -> None:
@@ -172,7 +172,9 @@ class Proxy:
         if is_websocket(request):
             assert self._websockets is not None
             url = self.forwarding.websocket_url(request)
-            return await self._websockets.relay(request, url, self.forwarding.headers(request))
+            route = incoming.route if incoming is not None else self.step.route(request.path)
+            headers = self.forwarding.headers(request)
+            return await self._websockets.relay(request, url, headers, route)
         if incoming is None:
             incoming = describe(request, self.step.route(request.path))
         route = incoming.route
