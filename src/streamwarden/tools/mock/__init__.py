@@ -3,7 +3,9 @@
 The mock serves the wire formats of OpenAI (Chat Completions and Responses),
 Anthropic Messages, Gemini, Ollama, and the Vercel AI SDK's two stream
 protocols, byte for byte as those services frame them, plus a generic event
-stream, a request echo and a WebSocket echo. Every request can be steered
+stream, a request echo, a WebSocket echo and the Responses API over a
+WebSocket (``/v1/responses`` upgraded; faults: a 1000 close half-way, a
+vanishing without a close frame, silence, a giant message). Every request can be steered
 (token count, pace, time to first token) and made to misbehave in the ways
 streams break in production: truncation, silence, resets, broken chunked
 encoding, giant events, garbage, error statuses. The mock records what it

@@ -386,6 +386,8 @@ async def _handle_model(request: web.Request) -> web.StreamResponse:
         controls = parse_controls(request.headers, request.query, state.settings)
     except ControlError as exc:
         return _error_response(fmt, 400, f"streamwarden mock: {exc}")
+    if fmt.name == "openai-responses" and request.headers.get("Upgrade", "").lower() == "websocket":
+        return await _handle_responses_websocket(request, fmt, controls)
     raw = await request.read()
     body = _json_object(raw)
     if matched is None:
@@ -693,6 +695,121 @@ async def _handle_websocket(request: web.Request) -> web.StreamResponse:
         if not record.completed:
             record.note_client_gone(time.monotonic())
     return ws
+
+
+async def _handle_responses_websocket(
+    request: web.Request, fmt: WireFormat, controls: Controls
+) -> web.StreamResponse:
+    """The Responses API over a WebSocket (``GET /v1/responses``, upgraded).
+
+    Each ``response.create`` text message is answered with the events of
+    the SSE version, one text message each (their data), with the
+    ``stream_id`` it named echoed. The handshake's controls steer every
+    answer of the session, and a fault strikes at each answer's cut:
+    ``truncate`` (and ``truncate-mid``) closes with 1000, ``reset`` vanishes
+    without a close frame (the client sees 1006), ``stall`` goes silent until
+    the client leaves, ``giant-event`` makes the token message at the cut
+    ``size`` bytes. Other messages get no answer.
+    """
+    state = request.app[_STATE]
+    ws = web.WebSocketResponse(max_msg_size=_BODY_LIMIT)
+    ws.headers["x-mock-request-id"] = controls.request_id
+    fault = controls.fault
+    record = state.stats.open(
+        controls.request_id,
+        request.path,
+        dialect=fmt.dialect,
+        wire="websocket",
+        fault=None if fault is None else fault.value,
+        streamed=True,
+    )
+    with _watching(state, record):
+        await ws.prepare(request)
+        record.status = 101
+        try:
+            async for message in ws:
+                if message.type is not WSMsgType.TEXT:
+                    continue
+                body = _json_object(message.data.encode())
+                if body.get("type") != "response.create":
+                    continue
+                if not await _answer_over_websocket(request, ws, fmt, controls, record, body):
+                    break
+        except ConnectionError:
+            pass
+        if record.close_code is None:
+            record.close_code = ws.close_code
+        if record.close_code in (None, WSCloseCode.ABNORMAL_CLOSURE):
+            record.note_client_gone(time.monotonic())
+    return ws
+
+
+async def _answer_over_websocket(
+    request: web.Request,
+    ws: web.WebSocketResponse,
+    fmt: WireFormat,
+    controls: Controls,
+    record: RequestRecord,
+    body: dict[str, Any],
+) -> bool:
+    """Play one answer as messages; whether the session goes on (no fault ended it)."""
+    answer = Answer(
+        request_id=controls.request_id,
+        model=fmt.model_for(body, request.path),
+        pieces=tuple(
+            tool_call_fragments(controls.tokens)
+            if controls.tool_call
+            else mock_tokens(controls.tokens)
+        ),
+        prompt_tokens=max(1, len(json.dumps(body)) // 4),
+        created=int(time.time()),
+        tool_call=controls.tool_call,
+    )
+    record.tokens_planned += controls.tokens
+    frames = [
+        *fmt.preamble(answer),
+        *(fmt.token(answer, i, piece) for i, piece in enumerate(answer.pieces)),
+        *fmt.closing(answer),
+    ]
+    fault = controls.fault
+    after = controls.fault_after if controls.fault_after is not None else controls.tokens // 2
+    cut = cut_index(frames, after) if fault is not None else len(frames) + 1
+    lane = body.get("stream_id")
+    gap = 1.0 / controls.tokens_per_second if controls.tokens_per_second else 0.0
+    tokens = 0
+    for index, frame in enumerate(frames):
+        if index == cut:
+            if fault in (Fault.TRUNCATE, Fault.TRUNCATE_MID):
+                record.close_code = WSCloseCode.OK
+                await ws.close(code=WSCloseCode.OK, message=b"done")
+                return False
+            if fault is Fault.RESET:
+                record.close_code = WSCloseCode.ABNORMAL_CLOSURE
+                _reset_connection(request)
+                return False
+            if fault is Fault.STALL:
+                await asyncio.Event().wait()  # until the client leaves
+            if fault is Fault.GIANT_EVENT and frame.tokens:
+                frame = giant_frame(fmt, answer, tokens, controls.size)
+        if frame.tokens:
+            await asyncio.sleep(controls.ttft if tokens == 0 else gap)
+            tokens += frame.tokens
+        await ws.send_str(_message_of(frame.data, lane))
+        record.tokens_generated += frame.tokens
+    record.completed = True
+    return True
+
+
+def _message_of(block: bytes, lane: object) -> str:
+    """An SSE event's data, as the WebSocket message that carries it (with its lane)."""
+    data = next(
+        line.removeprefix(b"data: ") for line in block.splitlines() if line.startswith(b"data: ")
+    ).decode()
+    if isinstance(lane, str):
+        payload = json.loads(data)
+        payload["stream_id"] = lane
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return data
 
 
 async def _handle_stats(request: web.Request) -> web.Response:
