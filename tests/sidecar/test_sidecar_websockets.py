@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from sidecars import StartSidecar
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
+from upstreams import ServeUpstream
 
 
 async def metric(sidecar: Sidecar, line_start: str) -> float:
@@ -73,3 +75,29 @@ async def test_a_peer_that_stops_answering_pings_is_closed_with_1011(
     ended = 'streamwarden_websocket_sessions_total{end_state="client_ping_timeout"}'
     assert await metric(sidecar, ended) == 1
     assert await metric(sidecar, "streamwarden_active_websockets") == 0
+
+
+async def test_an_upstream_that_vanishes_is_an_error_close_never_a_normal_one(
+    serve_upstream: ServeUpstream, start_sidecar: StartSidecar
+) -> None:
+    async def vanishing(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_str("one")
+        assert request.transport is not None
+        request.transport.abort()  # no close frame: the peer sees 1006
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", vanishing)
+    upstream = await serve_upstream(app)
+    sidecar = await start_sidecar(upstream)
+    codes = {}
+    async with aiohttp.ClientSession() as session:
+        for name, base in (("direct", upstream), ("through", sidecar.proxy_url)):
+            async with session.ws_connect(base + "/ws") as ws:
+                assert (await ws.receive(timeout=10)).data == "one"
+                await ws.receive(timeout=10)
+                codes[name] = ws.close_code
+    # Directly an abnormal closure; through the sidecar 1011, not 1001 "going away".
+    assert codes == {"direct": 1006, "through": 1011}

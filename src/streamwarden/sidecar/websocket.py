@@ -231,12 +231,15 @@ class WebSocketRelay:
                 return SessionEnd.CLIENT_PING_TIMEOUT
             return SessionEnd.UPSTREAM_PING_TIMEOUT
         source, sink = tasks[first]
+        ended = None if first.cancelled() or first.exception() else first.result()
         code: int = aiohttp.WSCloseCode.GOING_AWAY
         reason = ""
-        if not first.cancelled() and first.exception() is None:
-            ended = first.result()
-            if ended.code is not None:  # (a peer that vanished: 1001, as ever)
-                code, reason = ended.code, ended.reason
+        if ended is not None and ended.code is not None:
+            code, reason = ended.code, ended.reason
+        elif source is upstream:
+            # Vanished without a close frame: directly, the client's abnormal
+            # closure (1006); through the relay an error close, never a normal one.
+            code, reason = CUT_CLOSE_CODE, "upstream vanished"
         await _close(sink, code, reason)
         await _close(source, code, reason)
         return SessionEnd.CLIENT_CLOSED if source is client else SessionEnd.UPSTREAM_CLOSED
