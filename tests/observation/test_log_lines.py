@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import signal
 import socket
@@ -161,3 +162,37 @@ async def test_a_path_cannot_forge_a_json_line(any_path_streams: str) -> None:
     assert finished["path"] == PATH
     (request,) = [r for r in records if r["msg"] == "request"]
     assert request["path"] == PATH
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_other_libraries_lines_are_escaped_and_formatted_as_ours(
+    capfd: pytest.CaptureFixture[str], log_format: str
+) -> None:
+    """aiohttp's and asyncio's lines in ``streamwarden run`` go through the same formatter.
+
+    Without a handler of their own Python prints them raw (its last
+    resort): a line feed in an exception's message writes a line of its own.
+    """
+    from streamwarden.config import load_settings
+    from streamwarden.observation.logs import configure_logging
+
+    root, ours = logging.getLogger(), logging.getLogger("streamwarden")
+    saved = (root.handlers[:], root.level, ours.handlers[:], ours.level, ours.propagate)
+    forged = '1.2.3.4\n{"logger": "forged"}\n2026-01-01 00:00:00,000 ERROR forged: x'
+    try:
+        configure_logging(load_settings(environ={}, overrides={"log_format": log_format}))
+        logging.getLogger("aiohttp.server").error("Error handling request from %s", forged)
+        logging.getLogger("asyncio").warning("Task was destroyed \x1b[2K\u2028")
+        logging.getLogger("aiohttp.access").info("below WARNING: not written")
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        ours.handlers[:], ours.level, ours.propagate = saved[2], saved[3], saved[4]
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    if log_format == "json":
+        records = [json.loads(line) for line in lines]
+        assert [r["logger"] for r in records] == ["aiohttp.server", "asyncio"]
+        assert records[0]["msg"].endswith(forged)
+    else:
+        assert " ERROR aiohttp.server: Error handling request from 1.2.3.4\\n{" in lines[0]
+        assert " WARNING asyncio: Task was destroyed \\x1b[2K\\u2028" in lines[1]

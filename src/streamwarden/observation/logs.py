@@ -169,13 +169,23 @@ def _formatter(settings: Settings) -> logging.Formatter:
 
 
 def configure_logging(settings: Settings) -> None:
-    """Send the ``streamwarden`` loggers to stderr in the configured format."""
+    """Send the process's log lines to stderr in the configured format.
+
+    The ``streamwarden`` loggers at ``log_level``; every other library's
+    (aiohttp's server, asyncio's, redis') at WARNING through the same
+    handler, so that their lines are escaped and formatted too: without a
+    handler of their own Python prints them raw (its last resort), and an
+    exception's message can carry a line feed from a request.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_formatter(settings))
-    root = logging.getLogger("streamwarden")
+    ours = logging.getLogger("streamwarden")
+    ours.handlers[:] = [handler]
+    ours.setLevel(settings.log_level.upper())
+    ours.propagate = False
+    root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(settings.log_level.upper())
-    root.propagate = False
+    root.setLevel(logging.WARNING)
 
 
 class _UnlessConfigured(logging.StreamHandler[TextIO]):
