@@ -430,3 +430,48 @@ def test_cohere_logprobs_and_citations_beside_a_redacted_text_do_not_spell_the_k
             assert obj["delta"]["message"]["citations"]["text"] == REDACTED
     # The chunks left as they were keep theirs.
     assert json.loads(got[1].data)["logprobs"]["text"] == pieces[0]
+
+
+# -- several choices (n > 1) or candidates (candidateCount > 1), interleaved ----------
+
+
+def _two_choices(dialect: str, first: list[str], second: list[str]) -> bytes:
+    """Choice (candidate) 0's and 1's deltas, interleaved one for one, then the end."""
+
+    def chunk(index: int, text: str) -> str:
+        if dialect == "openai-chat":
+            body = {"id": "c1", "choices": [{"index": index, "delta": {"content": text}}]}
+        else:
+            parts = {"content": {"parts": [{"text": text}], "role": "model"}, "index": index}
+            body = {"candidates": [parts]}
+        return f"data: {_json(body)}\n\n"
+
+    out = [chunk(i, t) for pair in zip(first, second, strict=True) for i, t in enumerate(pair)]
+    if dialect == "openai-chat":
+        out.append("data: [DONE]\n\n")
+    else:
+        done = [{"content": {"parts": [], "role": "model"}, "index": 0, "finishReason": "STOP"}]
+        out.append(f"data: {_json({'candidates': done})}\n\n")
+    return "".join(out).encode()
+
+
+@pytest.mark.parametrize(
+    ("dialect", "path"),
+    [
+        ("openai-chat", "/v1/chat/completions"),
+        ("gemini", "/v1beta/models/g:streamGenerateContent"),
+    ],
+)
+def test_a_key_in_the_second_choice_split_around_the_firsts_deltas_is_redacted(
+    dialect: str, path: str
+) -> None:
+    # Read as one text, "sk-...", "ab", "cdef..." of choice 1 interleaved with
+    # choice 0's words spell no key: each choice is a text of its own.
+    second = split_secret(f"Key {SECRET} ok", SECRET, 4)
+    first = [f"word{i} " for i in range(len(second))]
+    stream = _two_choices(dialect, first, second)
+    plain = run(_relay({}, "text/event-stream", path, (), False), [stream])
+    assert _pieces_in(plain, SECRET[8:])  # without filters the key is there to read
+    out = run(_relay({}, "text/event-stream", path, REDACT, False), [stream])
+    assert _pieces_in(out, SECRET[8:]) == []
+    assert REDACTED in out.decode() and "word2 " in out.decode()

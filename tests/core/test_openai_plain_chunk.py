@@ -85,6 +85,8 @@ def test_what_means_more_than_text_takes_the_long_way() -> None:
         assert plain_text(huge) is None
     nineteen = '{"created":' + "9" * 19 + ',"choices":[{"index":0,"delta":{"content":"hi"}}]}'
     assert plain_text(nineteen) == "hi"
+    # Another choice's text (n > 1) is a text of its own for the filters: the parse keys it.
+    assert plain_text('{"choices":[{"index":1,"delta":{"content":"hi"}}]}') is None
     for second in ("[]", '[{"index":0,"delta":{"content":"b"}}]'):
         twice = REAL_CHUNKS[0][:-1] + f',"choices":{second}}}'
         assert plain_text(twice) is None
@@ -195,7 +197,8 @@ def plain_chunks(draw: st.DrawFn) -> tuple[str, str]:
     tails = draw(
         st.permutations([',"logprobs":null', ',"finish_reason":null', ',"stop_reason":null'])
     )
-    choice = (f'[{{"index":{draw(st.integers(0, 3))},"delta":{{{role}"content":"{content}"}}'
+    # Choice 0 only: another choice's text is keyed for the filters (n > 1), by the parsed reading.
+    choice = (f'[{{"index":0,"delta":{{{role}"content":"{content}"}}'
               f'{"".join(tails[: draw(st.integers(0, 3))])}}}]')  # fmt: skip
     members = [f'"choices":{choice}']
     for name in draw(st.lists(st.sampled_from(["id", "object", "model", "system_fingerprint",

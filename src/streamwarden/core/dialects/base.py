@@ -54,10 +54,12 @@ class Observation:
     #: The event only reports usage (OpenAI's ``"choices": []`` chunk): the
     #: one a client that did not ask for usage must not see.
     usage_only: bool
-    #: Part of ``text`` is tool-call arguments: output filters read such an
-    #: event themselves (:meth:`Dialect.filter_texts`), each call's arguments
-    #: a text of its own; for any other event ``text`` is exactly the text
-    #: they read, in the same order, all of it the stream's main text.
+    #: Part of ``text`` is not the stream's main text (tool-call arguments,
+    #: another choice's or candidate's text when a request asked for several):
+    #: output filters read such an event themselves (:meth:`Dialect.filter_texts`),
+    #: each call's arguments and each other choice's text a text of its own;
+    #: for any other event ``text`` is exactly the text they read, in the
+    #: same order, all of it the stream's main text.
     tools: bool
     #: What the event says of tool calls (one opens, its arguments grow, it
     #: closes), in order, for the relay's :class:`~streamwarden.core.toolcalls.ToolCalls`;

@@ -98,6 +98,7 @@ from streamwarden.core.dialects.base import (
     sse_block,
     token_place,
 )
+from streamwarden.core.filters import TextKey
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import (
     DEEPEST,
@@ -171,14 +172,19 @@ class Gemini(Dialect):
         # compact JSON its tokens were counted by (see ArgumentsText).
         candidates = root.get("candidates") if isinstance(root, dict) else None
         places: list[TextPlace] = []
-        for candidate in candidates if isinstance(candidates, list) else ():
+        for position, candidate in enumerate(candidates if isinstance(candidates, list) else ()):
             content = candidate.get("content") if isinstance(candidate, dict) else None
             parts = content.get("parts") if isinstance(content, dict) else None
+            # Each candidate's text is a text of its own (candidateCount > 1):
+            # one read across interleaved candidates would miss a key split
+            # between two of another's parts.
+            scope = _scope(candidate, position) if isinstance(candidate, dict) else position
+            key: TextKey = MAIN_TEXT if scope == 0 else ("candidate", scope)
             for part in parts if isinstance(parts, list) else ():
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     # The candidate's logprobsResult spells its tokens: they go with a rewrite.
                     place = token_place(part, "text", candidate, "logprobsResult")
-                    places.append((*place, MAIN_TEXT))
+                    places.append((*place, key))
                 call = part.get("functionCall") if isinstance(part, dict) else None
                 if tool_arguments and isinstance(call, dict) and "args" in call:
                     places.append((ArgumentsText(call), "args", MAIN_TEXT))
@@ -257,8 +263,7 @@ def _candidates(candidates: Any) -> tuple[str, bool, bool, list[ToolStep] | None
     for position, candidate in enumerate(candidates):
         if not isinstance(candidate, dict):
             continue
-        index = candidate.get("index")
-        scope = index if isinstance(index, int) and not isinstance(index, bool) else position
+        scope = _scope(candidate, position)
         content = candidate.get("content")
         parts = content.get("parts") if isinstance(content, dict) else None
         for part in parts if isinstance(parts, list) else ():
@@ -267,6 +272,8 @@ def _candidates(candidates: Any) -> tuple[str, bool, bool, list[ToolStep] | None
             text = part.get("text")
             if isinstance(text, str):
                 parts_text.append(text)
+                # Another candidate's text is not the main text: the filters read it keyed.
+                tools = tools or (scope != 0 and bool(text))
             call = part.get("functionCall")
             if isinstance(call, dict):
                 size = depth = 0
@@ -285,6 +292,12 @@ def _candidates(candidates: Any) -> tuple[str, bool, bool, list[ToolStep] | None
             steps = steps if steps is not None else []
             steps.append(finish_step(scope))
     return "".join(parts_text), finished, tools, steps
+
+
+def _scope(candidate: dict[str, Any], position: int) -> int:
+    """A candidate's ``index``, or its place in the list when it has none."""
+    index = candidate.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else position
 
 
 def _call_steps(

@@ -53,6 +53,7 @@ from streamwarden.core.dialects.base import (
     sse_block,
     token_place,
 )
+from streamwarden.core.filters import TextKey
 from streamwarden.core.sse import Event
 from streamwarden.core.toolcalls import ToolStep, arguments_step, finish_step, open_step
 
@@ -182,27 +183,30 @@ class OpenAIChat(Dialect):
         for position, choice in enumerate(choices):
             if not isinstance(choice, dict):
                 continue
+            scope = _index(choice, position)
+            # Each choice's text is a text of its own (n > 1): one read across
+            # interleaved choices would miss a key split around another's delta.
+            key: TextKey = MAIN_TEXT if scope == 0 else ("choice", scope)
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 for field, value in delta.items():
                     if field in _DELTA_TEXT_FIELDS and isinstance(value, str):
-                        places.append((*token_place(delta, field, choice), MAIN_TEXT))
+                        places.append((*token_place(delta, field, choice), key))
                 audio = delta.get("audio")
                 if isinstance(audio, dict) and isinstance(audio.get("transcript"), str):
-                    places.append((*token_place(audio, "transcript", choice), MAIN_TEXT))
+                    places.append((*token_place(audio, "transcript", choice), key))
                 calls = delta.get("tool_calls")
                 if tool_arguments and isinstance(calls, list):
-                    scope = _index(choice, position)
                     for at, call in enumerate(calls):
                         function = call.get("function") if isinstance(call, dict) else None
                         if isinstance(function, dict) and isinstance(
                             function.get("arguments"), str
                         ):
                             assert isinstance(call, dict)
-                            key = ("tool_call", scope, _index(call, at))
-                            places.append((*token_place(function, "arguments", choice), key))
+                            call_key = ("tool_call", scope, _index(call, at))
+                            places.append((*token_place(function, "arguments", choice), call_key))
             if isinstance(choice.get("text"), str):
-                places.append((*token_place(choice, "text", choice), MAIN_TEXT))
+                places.append((*token_place(choice, "text", choice), key))
         return places
 
     @classmethod
@@ -303,13 +307,12 @@ def _plain_members(data: str, pos: int) -> bool:
 
 
 def _choice_head(data: str, pos: int) -> int:
-    """Past ``[{"index":N,"delta":{`` and an optional ``"role":"assistant",`` to ``"content":"``."""
-    if not _at(data, '[{"index":', pos):
+    """Past ``[{"index":0,"delta":{`` and an optional ``"role":"assistant",`` to ``"content":"``."""
+    # Choice 0 only: another choice's text (n > 1) is a text of its own,
+    # which the parsed reading keys for the filters.
+    if not _at(data, '[{"index":0,"delta":{', pos):
         return -1
-    pos = _integer(data, pos + 10)
-    if pos < 0 or not _at(data, ',"delta":{', pos):
-        return -1
-    pos += 10
+    pos += 21
     if _at(data, '"role":"assistant",', pos):
         pos += 19
     return pos + 11 if _at(data, '"content":"', pos) else -1
@@ -418,6 +421,7 @@ def _choices_text(choices: Any) -> tuple[str, bool, list[ToolStep] | None, bool]
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
+        had = len(parts)
         delta = choice.get("delta")
         if isinstance(delta, dict):
             # A delta has one or two keys: look at those, not at every name.
@@ -440,6 +444,8 @@ def _choices_text(choices: Any) -> tuple[str, bool, list[ToolStep] | None, bool]
         text = choice.get("text")  # legacy Completions
         if isinstance(text, str):
             parts.append(text)
+        if len(parts) > had and _index(choice, position) != 0:
+            tools = True  # another choice's text (n > 1): the filters read it keyed
         reason = choice.get("finish_reason")
         if reason:
             steps = steps if steps is not None else []
