@@ -578,6 +578,28 @@ def test_a_full_table_learns_no_new_kind_and_keeps_the_old() -> None:
     assert isinstance(habits.role(("/b", "h", "m", "d"), 60.5), HabitWatch)
 
 
+def test_one_credential_fills_its_own_share_of_the_table_not_everyones() -> None:
+    from streamwarden.core.usage import (
+        HABIT_KINDS_PER_CREDENTIAL,
+        HabitWatch,
+        UsageHabit,
+        UsageHabits,
+    )
+
+    habits = UsageHabits(memory=60.0, kinds=HABIT_KINDS_PER_CREDENTIAL * 4)
+    # One authenticated client names model after model, then has one refused.
+    for n in range(HABIT_KINDS_PER_CREDENTIAL * 4):
+        habits.learn((CHAT, "h", f"model-{n}", "mallory"), UsageHabit(False, False), 0.0)
+    habits.refused((CHAT, "h", "one-more", "mallory"), 0.0)
+    assert habits.role((CHAT, "h", "yet-another", "mallory"), 1.0) is None  # its share is full
+    # Another client's kinds are still learned.
+    assert isinstance(habits.role((CHAT, "h", "gpt-4o", "alice"), 1.0), HabitWatch)
+    habits.learn((CHAT, "h", "gpt-4o", "alice"), UsageHabit(False, False), 1.0)
+    assert habits.role((CHAT, "h", "gpt-4o", "alice"), 2.0) is not None
+    # Its share comes back as its kinds expire.
+    assert isinstance(habits.role((CHAT, "h", "yet-another", "mallory"), 60.5), HabitWatch)
+
+
 def test_a_refusal_is_remembered_from_when_it_came() -> None:
     from streamwarden.core.usage import TakeBack, UsageHabit, UsageHabits
 

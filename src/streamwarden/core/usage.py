@@ -54,7 +54,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +64,7 @@ from streamwarden.core.sse import Frame
 
 __all__ = [
     "HABIT_KINDS",
+    "HABIT_KINDS_PER_CREDENTIAL",
     "HABIT_MEMORY",
     "INCLUDE_USAGE",
     "HabitKey",
@@ -84,6 +85,9 @@ HABIT_MEMORY = 600.0
 #: requests go unchanged) until a habit expires: a client naming endless
 #: models cannot push out what was learned of another kind.
 HABIT_KINDS = 4096
+#: Kinds one set of credentials may hold of them: one authenticated client
+#: naming endless models fills its own share, not the table everyone learns in.
+HABIT_KINDS_PER_CREDENTIAL = 64
 #: The member the sidecar adds, as it adds it: spliced in before the
 #: request's closing brace.
 INCLUDE_USAGE = b',"stream_options":{"include_usage":true}'
@@ -182,11 +186,19 @@ class UsageHabits:
     its time: a full table learns no new kind.
     """
 
-    def __init__(self, memory: float = HABIT_MEMORY, kinds: int = HABIT_KINDS) -> None:
+    def __init__(
+        self,
+        memory: float = HABIT_MEMORY,
+        kinds: int = HABIT_KINDS,
+        per_credential: int = HABIT_KINDS_PER_CREDENTIAL,
+    ) -> None:
         self._memory = memory
         self._kinds = kinds
+        self._per_credential = per_credential
         # In the order learned, so the expired ones are at the front.
         self._known: OrderedDict[HabitKey, tuple[UsageHabit, float]] = OrderedDict()
+        # Kinds held per credentials' digest (a key's last part).
+        self._held: Counter[str] = Counter()
         # Keys the credentials' digest: the table holds no credential, nor
         # anything that could be looked up in a list of known keys.
         self._secret = secrets.token_bytes(32)
@@ -228,7 +240,7 @@ class UsageHabits:
         self._forget_expired(now)
         known = self._known.get(key)
         if known is None:
-            return HabitWatch(self, key) if len(self._known) < self._kinds else None
+            return HabitWatch(self, key) if self._has_room(key) else None
         habit = known[0]
         if habit.volunteers or habit.numbers_events or habit.refuses_option:
             return None
@@ -248,8 +260,9 @@ class UsageHabits:
             )
             # Learned then: it is learned again from scratch in time.
             known[key] = (habit, held[1])
-        elif len(known) < self._kinds:
+        elif self._has_room(key):
             known[key] = (habit, now)
+            self._held[key[3]] += 1
 
     def refused(self, key: HabitKey, now: float) -> None:
         """The upstream refused the option for this kind: leave it alone for the memory.
@@ -259,11 +272,17 @@ class UsageHabits:
         """
         self._forget_expired(now)
         held = self._known.pop(key, None)
-        if held is None and len(self._known) >= self._kinds:
-            return  # a full table: the kind is not injected anyway
+        if held is None:
+            if not self._has_room(key):
+                return  # a full table (or share): the kind is not injected anyway
+            self._held[key[3]] += 1
         old = held[0] if held is not None else UsageHabit(False, False)
         refused = UsageHabit(old.volunteers, old.marks_null, old.numbers_events, True)
         self._known[key] = (refused, now)  # at the end: the newest
+
+    def _has_room(self, key: HabitKey) -> bool:
+        """A new kind may be learned: the table, and its credentials' share, have room."""
+        return len(self._known) < self._kinds and self._held[key[3]] < self._per_credential
 
     def _forget_expired(self, now: float) -> None:
         known = self._known
@@ -271,7 +290,11 @@ class UsageHabits:
             first = next(iter(known.values()))
             if now - first[1] < self._memory:
                 break
-            known.popitem(last=False)
+            key, _ = known.popitem(last=False)
+            credential = key[3]
+            self._held[credential] -= 1
+            if not self._held[credential]:
+                del self._held[credential]
 
 
 @dataclass(frozen=True, slots=True)
