@@ -57,9 +57,9 @@ async def serve_upstream() -> AsyncIterator[ServeUpstream]:
 
 @pytest.fixture
 async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
-    """test_telemetry's OTLP receiver, for the faces' exporters (skipped without the otel extra)."""
+    """A real OTLP receiver (otlp_receiver.py) for the faces' exporters; skipped without otel."""
     pytest.importorskip("opentelemetry.sdk")
-    from test_telemetry import Receiver
+    from otlp_receiver import Receiver
 
     served = Receiver()
     async with serving(served.app) as url:

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs
 
 import aiohttp
+import httpx
 import uvicorn
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
@@ -330,6 +331,37 @@ def engine_app() -> ASGIApp:
     (``engine_metrics_url`` among them), as in an app deployed so.
     """
     return StreamWardenMiddleware(app_streaming_from(os.environ[ENGINE_ENV]))
+
+
+# -- an app in front of any provider -----------------------------------------------------
+
+#: The headers an app passes on from the provider's streamed response.
+PASSED_ON = ("content-type", "x-vercel-ai-ui-message-stream", "x-vercel-ai-data-stream")
+
+
+def relaying(upstream: str) -> Starlette:
+    """An app that streams its provider's answer on, chunk by chunk, as many apps do
+    (the mock's controls in ``x-mock-*`` headers passed on too)."""
+
+    async def endpoint(request: Request) -> StreamingResponse:
+        client = httpx.AsyncClient(timeout=10)
+        target = upstream + request.url.path + "?" + request.url.query
+        controls = {k: v for k, v in request.headers.items() if k.startswith("x-mock-")}
+        sent = client.build_request("POST", target, content=await request.body(), headers=controls)
+        answer = await client.send(sent, stream=True)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in answer.aiter_raw():
+                    yield chunk
+            finally:
+                await answer.aclose()
+                await client.aclose()
+
+        headers = {k: v for k, v in answer.headers.items() if k.lower() in PASSED_ON}
+        return StreamingResponse(body(), headers=headers)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["POST"])])
 
 
 # -- real servers in subprocesses ------------------------------------------------------

@@ -11,16 +11,11 @@ through, so that changing one without the other fails here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -29,6 +24,7 @@ import yaml
 
 from locations import REPO
 from lockstep import Lockstep, lines_in_lockstep
+from nginx import free_port, needs_nginx, nginx_prefix, nginx_test, running_nginx
 from sidecars import StartSidecar
 from streamwarden.config import Settings, load_settings, parse_duration, parse_size
 from streamwarden.core.relay import KEEPALIVE
@@ -254,43 +250,6 @@ def test_envoy_never_times_out_a_whole_stream_and_outwaits_its_silences() -> Non
 
 # -- a real nginx --------------------------------------------------------------
 
-NGINX = shutil.which("nginx") or next(
-    (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
-)
-needs_nginx = pytest.mark.skipif(
-    NGINX is None, reason="nginx is not installed (Debian: apt-get install -y nginx)"
-)
-
-
-def nginx_prefix(tmp_path: Path, site: str) -> Path:
-    """A prefix directory with a minimal nginx.conf that includes ``site`` in http {}."""
-    prefix = tmp_path / "nginx"
-    (prefix / "conf").mkdir(parents=True)
-    (prefix / "conf" / "site.conf").write_text(site)
-    temp = {name: prefix / name for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")}
-    (prefix / "conf" / "nginx.conf").write_text(
-        f"pid {prefix}/nginx.pid;\n"
-        f"error_log {prefix}/error.log info;\n"
-        "worker_processes 1;\n"
-        "events { worker_connections 64; }\n"
-        "http {\n"
-        f"    access_log {prefix}/access.log;\n"
-        + "".join(f"    {name}_temp_path {path};\n" for name, path in temp.items())
-        + "    include site.conf;\n"
-        "}\n"
-    )
-    return prefix
-
-
-def nginx_test(prefix: Path) -> subprocess.CompletedProcess[str]:
-    assert NGINX is not None
-    return subprocess.run(
-        [NGINX, "-t", "-p", f"{prefix}/", "-c", "conf/nginx.conf", "-e", f"{prefix}/error.log"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
 
 @needs_nginx
 def test_nginx_accepts_the_snippet(tmp_path: Path) -> None:
@@ -305,12 +264,6 @@ def test_nginx_t_would_catch_a_mistake_in_the_snippet(tmp_path: Path) -> None:
     result = nginx_test(nginx_prefix(tmp_path, broken))
     assert result.returncode != 0
     assert 'unknown directive "proxy_bufering"' in result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def site_in_front_of(upstream_port: int, listen_port: int, **directives: str) -> str:
@@ -340,48 +293,6 @@ def naive_site(upstream_port: int, listen_port: int, **directives: str) -> str:
         "    }\n"
         "}\n"
     )
-
-
-@contextlib.asynccontextmanager
-async def running_nginx(tmp_path: Path, site: str, port: int) -> AsyncIterator[str]:
-    """Run nginx in the foreground (one process, no workers) until the block ends."""
-    assert NGINX is not None
-    prefix = nginx_prefix(tmp_path, site)
-    process = await asyncio.create_subprocess_exec(
-        NGINX,
-        "-p",
-        f"{prefix}/",
-        "-c",
-        "conf/nginx.conf",
-        "-e",
-        f"{prefix}/error.log",
-        "-g",
-        "daemon off; master_process off;",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            if process.returncode is not None or time.monotonic() > deadline:
-                log = (prefix / "error.log").read_text(errors="replace")
-                pytest.fail(f"nginx did not start listening on {port}:\n{log}")
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.02)
-                continue
-            writer.close()
-            break
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), 5)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
 
 
 TRICKLE = {"x-mock-tps": "20", "x-mock-ttft": "0", "x-mock-tokens": "10"}

@@ -1,9 +1,9 @@
 """Output filters in the core: the matcher, and the relay holding whole events around a match.
 
-Every stream here is built from text pieces by one writer per dialect, the
-way its provider writes it (compact JSON), so the expected output of a
-filtered stream can be built by the same writer from pieces redacted by
-hand: an event the match does not touch must come out byte for byte as it
+Every stream here is built from text pieces by one writer per dialect
+(``filter_streams.py``), the way its provider writes it (compact JSON), so
+the expected output of a filtered stream can be built by the same writer
+from pieces redacted by hand: an event the match does not touch must come out byte for byte as it
 went in, and the one a match begins in must differ only in its text.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,27 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from filter_streams import (
+    BLOCK,
+    DIALECTS,
+    LIMITS,
+    LINES,
+    REDACT,
+    SECRET,
+    TEXT,
+    Writer,
+    anthropic,
+    compact_json,
+    events_of,
+    generic,
+    json_lines,
+    openai_chat,
+    redacted_pieces,
+    relay,
+    responses,
+    run,
+    split_secret,
+)
 from locations import REPO, STREAMS
 from streamwarden.config import ConfigError, load_settings
 from streamwarden.core.dialects import sniff
@@ -27,215 +47,10 @@ from streamwarden.core.filters import REDACTED, FilterRule, compile_filters, luh
 from streamwarden.core.meter import EndState
 from streamwarden.core.relay import KEEPALIVE, Limits, Relay
 from streamwarden.core.sse import LineFramer, SSEDecoder, SSEFramer
-from streamwarden.core.usage import TakeBack, UsageRole
+from streamwarden.core.usage import TakeBack
 from streamwarden.pipeline.transforms import with_transforms
 
-SECRET = "sk-proj-Q7eXg9TzK2mLw4RbN8vYc1HdJ"  # the shape of an OpenAI key, not a key
 CARD = "4111 1111 1111 1111"  # the classic Luhn-valid test number
-LIMITS = Limits(15.0, 60.0, 1800.0, 1 << 20)
-
-REDACT = (FilterRule("builtin", "secrets", "redact", "secrets"),)
-BLOCK = (FilterRule("builtin", "secrets", "block", "secrets"),)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-# -- one writer per dialect: (path, content type, headers, events, closing) -------------
-
-
-def openai_chat(pieces: list[str]) -> bytes:
-    out = [
-        "data: " + _json({"id": "c1", "choices": [{"index": 0, "delta": {"content": p}}]}) + "\n\n"
-        for p in pieces
-    ]
-    return ("".join(out) + "data: [DONE]\n\n").encode()
-
-
-def anthropic(pieces: list[str]) -> bytes:
-    def block(kind: str, data: dict[str, Any]) -> str:
-        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
-
-    out = [block("message_start", {"message": {"id": "m1", "usage": {"output_tokens": 1}}})]
-    out.append(block("content_block_start", {"index": 0}))
-    out += [
-        block("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": p}})
-        for p in pieces
-    ]
-    out.append(block("content_block_stop", {"index": 0}))
-    out.append(block("message_stop", {}))
-    return "".join(out).encode()
-
-
-def cohere(pieces: list[str]) -> bytes:
-    def event(kind: str, **data: Any) -> str:
-        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
-
-    out = [event("message-start", id="m1", delta={"message": {"role": "assistant"}})]
-    out.append(event("content-start", index=0, delta={"message": {"content": {"text": ""}}}))
-    out += [
-        event("content-delta", index=0, delta={"message": {"content": {"text": p}}}) for p in pieces
-    ]
-    out.append(event("content-end", index=0))
-    usage = {"tokens": {"output_tokens": 3}}
-    out.append(event("message-end", delta={"finish_reason": "COMPLETE", "usage": usage}))
-    return "".join(out).encode()
-
-
-def responses(pieces: list[str]) -> bytes:
-    """As the Responses API writes it: the deltas, then the whole text again, four times."""
-
-    def event(kind: str, **data: Any) -> str:
-        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
-
-    text = "".join(pieces)
-    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
-    part = {"type": "output_text", "annotations": [], "text": text}
-    item = {"id": "msg_1", "type": "message", "status": "completed", "content": [part]}
-    out = [event("response.created", response={"id": "r1", "status": "in_progress", "output": []})]
-    added = {**item, "status": "in_progress", "content": [], "role": "assistant"}
-    out.append(event("response.output_item.added", output_index=0, item=added))
-    out.append(event("response.content_part.added", **where, part={**part, "text": ""}))
-    out += [event("response.output_text.delta", **where, delta=p) for p in pieces]
-    out.append(event("response.output_text.done", **where, text=text))
-    out.append(event("response.content_part.done", **where, part=part))
-    out.append(
-        event("response.output_item.done", output_index=0, item={**item, "role": "assistant"})
-    )
-    done = {"id": "r1", "status": "completed", "output": [item], "usage": {"output_tokens": 3}}
-    out.append(event("response.completed", response=done))
-    return "".join(out).encode()
-
-
-def gemini(pieces: list[str]) -> bytes:
-    def chunk(text: str, finish: bool) -> str:
-        candidate: dict[str, Any] = {"content": {"parts": [{"text": text}], "role": "model"}}
-        if finish:
-            candidate["finishReason"] = "STOP"
-        return "data: " + _json({"candidates": [candidate]}) + "\r\n\r\n"
-
-    return "".join(chunk(p, i == len(pieces) - 1) for i, p in enumerate(pieces)).encode()
-
-
-def ollama(pieces: list[str]) -> bytes:
-    out = [
-        _json({"model": "m", "message": {"role": "assistant", "content": p}, "done": False}) + "\n"
-        for p in pieces
-    ]
-    out.append(_json({"model": "m", "done": True, "eval_count": 3}) + "\n")
-    return "".join(out).encode()
-
-
-def vercel(pieces: list[str]) -> bytes:
-    out = [f"0:{_json(p)}\n" for p in pieces]
-    out.append('d:{"finishReason":"stop","usage":{"completionTokens":3}}\n')
-    return "".join(out).encode()
-
-
-def tgi(pieces: list[str]) -> bytes:
-    """TGI's /generate_stream: a token an event, the last one with the whole text again."""
-
-    def event(index: int, text: str) -> str:
-        last = index == len(pieces) - 1
-        token = {"id": index, "text": text, "logprob": -0.25, "special": False}
-        details = {"finish_reason": "length", "generated_tokens": len(pieces), "seed": None}
-        data = {
-            "index": index + 1,
-            "token": token,
-            "generated_text": "".join(pieces) if last else None,
-            "details": details if last else None,
-        }
-        # (TGI writes "data:" with no space; a rewritten event gets one, as
-        # every writer here has it: the same event to any SSE reader.)
-        return f"data: {_json(data)}\n\n"
-
-    return "".join(event(i, p) for i, p in enumerate(pieces)).encode()
-
-
-def generic(pieces: list[str]) -> bytes:
-    return "".join(f"data: {p}\n\n" for p in pieces).encode()
-
-
-def text_lines(pieces: list[str]) -> bytes:
-    """NDJSON not in Ollama's shape, each line its own text (any line without ``done``)."""
-    return "".join(f"{p}\n" for p in pieces).encode()
-
-
-def json_lines(pieces: list[str]) -> bytes:
-    """NDJSON objects not in Ollama's shape: the filters read each line whole, as inspect does."""
-    return "".join(_json({"text": p}) + "\n" for p in pieces).encode()
-
-
-Writer = Callable[[list[str]], bytes]
-DIALECTS: dict[str, tuple[Writer, str, str, dict[str, str]]] = {
-    "openai-chat": (openai_chat, "/v1/chat/completions", "text/event-stream", {}),
-    "anthropic": (anthropic, "/v1/messages", "text/event-stream", {}),
-    "openai-responses": (responses, "/v1/responses", "text/event-stream", {}),
-    "gemini": (gemini, "/v1beta/models/g:streamGenerateContent", "text/event-stream", {}),
-    "cohere": (cohere, "/v2/chat", "text/event-stream", {}),
-    "ndjson": (ollama, "/api/chat", "application/x-ndjson", {}),
-    "vercel-ai": (vercel, "/api/chat", "text/plain", {"x-vercel-ai-data-stream": "v1"}),
-    "generic": (generic, "/events", "text/event-stream", {}),
-    "tgi": (tgi, "/generate_stream", "text/event-stream", {}),
-    "ndjson-text": (text_lines, "/stream", "application/x-ndjson", {}),
-}
-LINES = ("ndjson", "vercel-ai", "ndjson-text")
-
-
-def relay(
-    dialect: str,
-    rules: tuple[FilterRule, ...] = (),
-    tools: bool = False,
-    *,
-    usage: UsageRole = None,
-) -> Relay:
-    _, path, content_type, headers = DIALECTS[dialect]
-    return with_transforms(
-        Relay(
-            LIMITS,
-            started_at=0.0,
-            now=0.0,
-            path=path,
-            content_type=content_type,
-            headers=headers,
-        ),
-        filters=compile_filters(rules, tools),
-        usage=usage,
-    )
-
-
-def run(r: Relay, reads: list[bytes]) -> bytes:
-    out = b"".join(r.feed(read, float(i)) for i, read in enumerate(reads))
-    return out + r.upstream_eof(float(len(reads)))
-
-
-def split_secret(text: str, secret: str, events: int) -> list[str]:
-    """``text`` cut into pieces so that ``secret`` (inside it) spans ``events`` of them."""
-    start = text.index(secret)
-    cuts = [start + round(i * len(secret) / events) for i in range(1, events)]
-    bounds = [0, start - 4, start + 1, *cuts, start + len(secret) - 1, len(text)]
-    bounds = sorted(set(bounds))
-    return [text[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def redacted_pieces(pieces: list[str], secret: str) -> list[str]:
-    """The pieces as a client must see them: ``[redacted]`` where the secret begins."""
-    text = "".join(pieces)
-    start = text.index(secret)
-    end = start + len(secret)
-    out: list[str] = []
-    offset = 0
-    for piece in pieces:
-        lo, hi = offset, offset + len(piece)
-        keep = piece[: max(0, min(hi, start) - lo)] + (REDACTED if lo <= start < hi else "")
-        keep += piece[max(0, end - lo) :] if hi > end else ""
-        out.append(keep)
-        offset = hi
-    return out
-
-
-TEXT = f"Your key is {SECRET} and nothing else, keep it safe."
 
 
 # -- the matcher on its own -------------------------------------------------------------
@@ -273,20 +88,12 @@ def test_a_secret_split_across_events_is_redacted_and_every_other_byte_is_unchan
     assert r.end_state is EndState.COMPLETED
     frames = SSEDecoder().feed(stream) if dialect not in LINES else None
     one_by_one = relay(dialect, REDACT)
-    reads = [f.encode() for f in _events_of(stream, dialect)]
+    reads = [f.encode() for f in events_of(stream, dialect)]
     assert run(one_by_one, reads) == expected
     assert frames is None or len(frames) >= events
     stats = one_by_one.meter.filters
     assert stats is not None and stats.matches == {("secrets", "redact"): 1}
     assert stats.held_bytes > 0 and stats.hold_times
-
-
-def _events_of(stream: bytes, dialect: str) -> list[str]:
-    text = stream.decode()
-    if dialect in LINES:
-        return text.splitlines(keepends=True)
-    sep = "\r\n\r\n" if dialect == "gemini" else "\n\n"
-    return [part + sep for part in text.split(sep)[:-1]]
 
 
 @pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "ndjson"])
@@ -327,7 +134,7 @@ def test_a_block_match_ends_the_stream_with_content_blocked_after_the_events_bef
 
 def _before(writer: Writer, pieces: list[str], dialect: str) -> bytes:
     """The bytes a writer sends before the event of the first piece not in ``pieces``."""
-    events = _events_of(writer([*pieces, "."]), dialect)
+    events = events_of(writer([*pieces, "."]), dialect)
     closing = {"openai-chat": 1, "anthropic": 2, "openai-responses": 4, "ndjson": 1, "cohere": 2}
     kept = events[
         : len(events) - closing.get(dialect, 0 if dialect in ("gemini", "tgi") else 1) - 1
@@ -353,7 +160,7 @@ def test_a_near_miss_is_released_as_soon_as_it_cannot_match() -> None:
 def test_events_without_text_wait_behind_held_text_and_leave_in_order() -> None:
     r = relay("anthropic", REDACT)
     stream = anthropic(["see sk-"])
-    events = _events_of(stream, "anthropic")
+    events = events_of(stream, "anthropic")
     out = b"".join(r.feed(e.encode(), 1.0) for e in events[:3])
     assert out == "".join(events[:2]).encode()  # the delta ending in "sk-" waits
     assert r.feed(events[3].encode(), 2.0) == b""  # content_block_stop waits behind it
@@ -411,7 +218,7 @@ def test_redacting_keeps_every_field_of_the_event_but_the_text() -> None:
 def test_tool_call_arguments_are_filtered_only_when_configured() -> None:
     call = {"index": 0, "function": {"arguments": '{"key": "' + SECRET + '"}'}}
     chunk = {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
-    stream = f"data: {_json(chunk)}\n\ndata: [DONE]\n\n".encode()
+    stream = f"data: {compact_json(chunk)}\n\ndata: [DONE]\n\n".encode()
     assert run(relay("openai-chat", REDACT), [stream]) == stream
     out = run(relay("openai-chat", REDACT, tools=True), [stream])
     args = json.loads(SSEDecoder().feed(out)[0].data)["choices"][0]["delta"]["tool_calls"][0]
@@ -553,7 +360,7 @@ def test_the_journal_keeps_what_the_client_gets_redacted_and_in_order(detached: 
 
     sink = _Sink()
     r = with_transforms(relay("openai-chat", REDACT), journal=Journal("s1", sink))
-    events = _events_of(openai_chat(split_secret(TEXT, SECRET, 3)), "openai-chat")
+    events = events_of(openai_chat(split_secret(TEXT, SECRET, 3)), "openai-chat")
     if detached:  # the client left: the stream runs on into its journal for a resume
         r.lifecycle.detach_for(99.5)
         r.client_gone(0.5)
@@ -850,7 +657,7 @@ def test_a_key_only_a_summary_event_carries_is_blocked_or_redacted_there() -> No
     out = run(blocked, [stream])
     assert blocked.end_state is EndState.BLOCKED and blocked.meter.error_code == "content_blocked"
     assert _key_pieces_in(out) == [] and b"(secrets) blocked" in out
-    assert out.startswith(b"".join(e.encode() for e in _events_of(stream, "openai-responses")[:3]))
+    assert out.startswith(b"".join(e.encode() for e in events_of(stream, "openai-responses")[:3]))
 
 
 def test_tool_arguments_repeated_whole_are_filtered_when_tool_arguments_are() -> None:

@@ -16,13 +16,13 @@ import openai
 import pytest
 from aiohttp import web
 
+from filter_streams import BLOCK, LIMITS, REDACT, SECRET, compact_json, run, split_secret
 from sidecars import StartSidecar
 from streamwarden.core.filters import REDACTED, FilterRule, compile_filters
 from streamwarden.core.meter import EndState
 from streamwarden.core.relay import Relay
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.pipeline.transforms import with_transforms
-from test_filters import BLOCK, LIMITS, REDACT, SECRET, _json, run, split_secret
 from upstreams import ServeUpstream
 
 CARD = "4111111111111111"  # Luhn-valid, as a JSON number would write it
@@ -55,12 +55,12 @@ def _relay(headers: dict[str, str], content_type: str, path: str, rules: Any, to
 
 def _data_stream(args: Any, deltas: str | None = None) -> bytes:
     """AI SDK 4: the c: deltas stream ``args`` as JSON text in three pieces, then 9: repeats it."""
-    text = _json(args) if deltas is None else deltas
+    text = compact_json(args) if deltas is None else deltas
     third = len(text) // 3
     pieces = [text[:third], text[third : 2 * third], text[2 * third :]]
     out = ['b:{"toolCallId":"t1","toolName":"pay"}\n']
-    out += [f"c:{_json({'toolCallId': 't1', 'argsTextDelta': p})}\n" for p in pieces]
-    out.append(f"9:{_json({'toolCallId': 't1', 'toolName': 'pay', 'args': args})}\n")
+    out += [f"c:{compact_json({'toolCallId': 't1', 'argsTextDelta': p})}\n" for p in pieces]
+    out.append(f"9:{compact_json({'toolCallId': 't1', 'toolName': 'pay', 'args': args})}\n")
     out.append('d:{"finishReason":"tool-calls","usage":{"completionTokens":3}}\n')
     return "".join(out).encode()
 
@@ -71,13 +71,13 @@ def _data_relay(rules: Any, tools: bool = True) -> Relay:
 
 def _ui_stream(tool_input: Any, kind: str = '"tool-input-available"') -> bytes:
     """AI SDK 5: tool-input-delta parts stream the input as JSON text, then ``kind`` repeats it."""
-    text = _json(tool_input)
+    text = compact_json(tool_input)
     half = len(text) // 2
     out = [{"type": "start"}, {"type": "tool-input-start", "toolCallId": "t1", "toolName": "x"}]
     for piece in (text[:half], text[half:]):
         out.append({"type": "tool-input-delta", "toolCallId": "t1", "inputTextDelta": piece})
-    lines = [f"data: {_json(part)}\n\n" for part in out]
-    whole = _json({"type": "tool-input-available", "toolCallId": "t1", "input": tool_input})
+    lines = [f"data: {compact_json(part)}\n\n" for part in out]
+    whole = compact_json({"type": "tool-input-available", "toolCallId": "t1", "input": tool_input})
     whole = whole.replace('"tool-input-available"', kind)
     lines.append(f"data: {whole}\n\n")
     lines.append('data: {"type":"finish"}\n\ndata: [DONE]\n\n')
@@ -184,7 +184,7 @@ def _responses(pieces: list[str]) -> bytes:
     """Responses deltas with their tokens' logprobs, then the done text with all of them."""
 
     def event(kind: str, **data: Any) -> str:
-        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
+        return f"event: {kind}\ndata: {compact_json({'type': kind, **data})}\n\n"
 
     where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
     out = [event("response.created", response={"id": "r1", "output": []})]
@@ -206,7 +206,7 @@ def _chat(pieces: list[str]) -> bytes:
     def chunk(p: str) -> str:
         logprobs = {"content": [_token(p)], "refusal": None}
         choice = {"index": 0, "delta": {"content": p}, "logprobs": logprobs}
-        return f"data: {_json({'id': 'c1', 'choices': [choice]})}\n\n"
+        return f"data: {compact_json({'id': 'c1', 'choices': [choice]})}\n\n"
 
     return ("".join(chunk(p) for p in pieces) + "data: [DONE]\n\n").encode()
 
@@ -245,7 +245,7 @@ def _gemini(pieces: list[str]) -> bytes:
         candidate["logprobsResult"] = result
         if last:
             candidate["finishReason"] = "STOP"
-        return f"data: {_json({'candidates': [candidate]})}\r\n\r\n"
+        return f"data: {compact_json({'candidates': [candidate]})}\r\n\r\n"
 
     return "".join(chunk(p, i == len(pieces) - 1) for i, p in enumerate(pieces)).encode()
 
@@ -289,7 +289,7 @@ def _tgi(pieces: list[str]) -> bytes:
             if last
             else None,
         }
-        return f"data:{_json(data)}\n\n"
+        return f"data:{compact_json(data)}\n\n"
 
     return "".join(event(i, p) for i, p in enumerate(pieces)).encode()
 
@@ -391,7 +391,7 @@ def _cohere(pieces: list[str], cited: str) -> bytes:
     """A v2 chat stream with each chunk's logprobs (its text again) and a citation of ``cited``."""
 
     def event(kind: str, **data: Any) -> str:
-        return f"event: {kind}\ndata: {_json({'type': kind, **data})}\n\n"
+        return f"event: {kind}\ndata: {compact_json({'type': kind, **data})}\n\n"
 
     out = [event("message-start", id="m1", delta={"message": {"role": "assistant"}})]
     for p in pieces:

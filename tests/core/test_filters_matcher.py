@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from filter_streams import BLOCK, REDACT, SECRET
+from filter_streams import relay as dialect_relay
+from filter_streams import run as run_reads
 from streamwarden.core.filters import REDACTED, FilterError, FilterRule, Holdback, compile_filters
 from streamwarden.core.meter import EndState
 from streamwarden.core.relay import Limits, Relay
@@ -218,10 +221,6 @@ def test_a_look_ahead_is_given_the_text_it_reads_before_a_match_is_decided() -> 
 
 
 # -- text the dialect does not read fails closed ------------------------------------------
-
-from test_filters import BLOCK, REDACT, SECRET  # noqa: E402
-from test_filters import relay as dialect_relay  # noqa: E402
-from test_filters import run as run_reads  # noqa: E402
 
 
 def _sse(kind: str | None, data: str) -> str:

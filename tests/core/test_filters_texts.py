@@ -35,13 +35,13 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from filter_streams import BLOCK, REDACT, SECRET, compact_json, relay, run, split_secret
 from middleware_apps import serve_in_process
 from sidecars import StartSidecar
 from streamwarden.core.filters import REDACTED, FilterRule, compile_filters
 from streamwarden.core.meter import EndState
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware
-from test_filters import BLOCK, REDACT, SECRET, _json, relay, run, split_secret
 from upstreams import ServeUpstream
 from waiting import wait_for
 
@@ -80,12 +80,16 @@ def chat_transcript(pieces: list[str], escape: bool = False) -> bytes:
 def responses_transcript(pieces: list[str], escape: bool = False) -> bytes:
     """A spoken Responses answer: ``response.audio.transcript.delta`` events."""
     kind = "response.audio.transcript.delta"
-    out = [_sse(_json({"type": "response.created", "response": {"id": "r1"}}), "response.created")]
+    out = [
+        _sse(
+            compact_json({"type": "response.created", "response": {"id": "r1"}}), "response.created"
+        )
+    ]
     for p in pieces:
         said = escaped(p) if escape else p
         out.append(_sse('{"type":"' + kind + '","delta":"' + said + '"}', kind))
     done = {"type": "response.completed", "response": {"id": "r1", "status": "completed"}}
-    out.append(_sse(_json(done), "response.completed"))
+    out.append(_sse(compact_json(done), "response.completed"))
     return "".join(out).encode()
 
 
@@ -99,7 +103,7 @@ def generic_escaped(pieces: list[str]) -> bytes:
 
 def chat_content(pieces: list[str]) -> bytes:
     out = [
-        _sse(_json({"id": "c1", "choices": [{"index": 0, "delta": {"content": p}}]}))
+        _sse(compact_json({"id": "c1", "choices": [{"index": 0, "delta": {"content": p}}]}))
         for p in pieces
     ]
     return ("".join(out) + _sse("[DONE]")).encode()
@@ -116,7 +120,7 @@ def chat_interleaved_calls(key_call: list[str], other_call: list[str]) -> bytes:
 
     def chunk(calls: list[dict[str, Any]], finish: str | None = None) -> str:
         choice = {"index": 0, "delta": {"tool_calls": calls}, "finish_reason": finish}
-        return _sse(_json({"id": "c1", "choices": [choice]}))
+        return _sse(compact_json({"id": "c1", "choices": [choice]}))
 
     out = [chunk([CALLS[0]]), chunk([CALLS[1]])]
     for mine, theirs in zip(key_call, other_call, strict=True):
@@ -124,7 +128,7 @@ def chat_interleaved_calls(key_call: list[str], other_call: list[str]) -> bytes:
         out.append(chunk([{"index": 1, "function": {"arguments": theirs}}]))
     out.append(
         _sse(
-            _json(
+            compact_json(
                 {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
             )
         )
@@ -134,7 +138,7 @@ def chat_interleaved_calls(key_call: list[str], other_call: list[str]) -> bytes:
 
 def anthropic_interleaved_calls(key_call: list[str], other_call: list[str]) -> bytes:
     def block(kind: str, data: dict[str, Any]) -> str:
-        return _sse(_json({"type": kind, **data}), kind)
+        return _sse(compact_json({"type": kind, **data}), kind)
 
     out = [block("message_start", {"message": {"id": "m1", "usage": {"output_tokens": 1}}})]
     for index, name in ((0, "save"), (1, "log")):
@@ -151,7 +155,7 @@ def anthropic_interleaved_calls(key_call: list[str], other_call: list[str]) -> b
 
 def responses_interleaved_calls(key_call: list[str], other_call: list[str]) -> bytes:
     def event(kind: str, **data: Any) -> str:
-        return _sse(_json({"type": kind, **data}), kind)
+        return _sse(compact_json({"type": kind, **data}), kind)
 
     out = [event("response.created", response={"id": "r1", "output": []})]
     for index, name in ((0, "save"), (1, "log")):
@@ -350,7 +354,7 @@ def test_a_key_split_across_one_tool_calls_fragments_is_redacted_though_another_
 def test_a_key_in_a_gemini_function_calls_args_is_redacted_when_tool_arguments_are_read() -> None:
     call = {"name": "save", "args": {"note": f"naïve {SECRET}", "n": 4}}
     candidate = {"content": {"parts": [{"functionCall": call}], "role": "model"}}
-    stream = _sse(_json({"candidates": [{**candidate, "finishReason": "STOP"}]})).encode()
+    stream = _sse(compact_json({"candidates": [{**candidate, "finishReason": "STOP"}]})).encode()
     assert run(relay("gemini", REDACT), [stream]) == stream  # not read unless asked
     r = relay("gemini", REDACT, tools=True)
     out = run(r, [stream])

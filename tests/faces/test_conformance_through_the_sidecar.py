@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 
 from sidecars import StartSidecar
+from sse_corpus import ALL_CASES, CASE_IDS, Case
 from streamwarden.core.sse import SSEDecoder, SSEFramer
-from test_sse_conformance import ALL_CASES, CASE_IDS, Case
-from test_upstream_client import raw_upstream, read_request
+from upstreams import raw_upstream, read_request
 
 
 def ends_at_a_boundary(stream: bytes) -> bool:

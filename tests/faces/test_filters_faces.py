@@ -25,13 +25,13 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from filter_streams import SECRET, TEXT, events_of, openai_chat, redacted_pieces, split_secret
+from filter_streams import anthropic as anthropic_stream
+from filter_streams import responses as responses_stream
 from middleware_apps import serve_in_process
 from sidecars import StartSidecar
 from streamwarden.core.meter import EndState
 from streamwarden.middleware import StreamWardenMiddleware
-from test_filters import SECRET, TEXT, _events_of, openai_chat, redacted_pieces, split_secret
-from test_filters import anthropic as anthropic_stream
-from test_filters import responses as responses_stream
 from upstreams import ServeUpstream
 from waiting import wait_for
 
@@ -72,7 +72,7 @@ class FixedUpstream:
         await request.read()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        events = _events_of(stream, dialect)
+        events = events_of(stream, dialect)
         tail = int(request.headers.get("x-tail", "0"))
         try:
             for event in events[:-1]:
@@ -231,7 +231,7 @@ def app_serving() -> Starlette:
     def serving(stream: bytes, dialect: str) -> Any:
         async def endpoint(request: Request) -> StreamingResponse:
             async def body() -> AsyncIterator[bytes]:
-                for event in _events_of(stream, dialect):
+                for event in events_of(stream, dialect):
                     yield event.encode()
                     await asyncio.sleep(0)  # one event per send, as a provider's SDK loop does
 

@@ -52,13 +52,12 @@ from huggingface_hub import errors as hf_errors
 from mistralai.client import errors as mistral_errors
 
 from locations import STREAMS
-from middleware_apps import serve_in_process
+from middleware_apps import relaying, serve_in_process
 from sidecars import StartSidecar
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEFramer
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.tools.mock import MockServer, mock_text
-from test_toolcalls_faces import relaying
 from upstreams import ServeUpstream
 from vercel_reader import (
     VercelStreamError,

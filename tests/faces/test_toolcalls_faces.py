@@ -20,12 +20,8 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.routing import Route
 
-from middleware_apps import serve_in_process
+from middleware_apps import relaying, serve_in_process
 from sidecars import StartSidecar
 from streamwarden.core.meter import EndState
 from streamwarden.core.toolcalls import is_arguments
@@ -39,8 +35,6 @@ from waiting import wait_for
 TOKENS = 8
 KEPT = 3
 FAULTS = ("cut", "broken")
-# The headers an app passes on from the provider's streamed response.
-PASSED_ON = ("content-type", "x-vercel-ai-ui-message-stream", "x-vercel-ai-data-stream")
 
 
 def query(stream: ToolStream, fault: str) -> str:
@@ -154,31 +148,6 @@ async def test_the_sidecar_names_a_cut_or_broken_call_in_every_dialect(
 
 
 # -- the middleware -------------------------------------------------------------------
-
-
-def relaying(upstream: str) -> Starlette:
-    """An app that streams its provider's answer on, chunk by chunk, as many apps do
-    (the mock's controls in ``x-mock-*`` headers passed on too)."""
-
-    async def endpoint(request: Request) -> StreamingResponse:
-        client = httpx.AsyncClient(timeout=10)
-        target = upstream + request.url.path + "?" + request.url.query
-        controls = {k: v for k, v in request.headers.items() if k.startswith("x-mock-")}
-        sent = client.build_request("POST", target, content=await request.body(), headers=controls)
-        answer = await client.send(sent, stream=True)
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in answer.aiter_raw():
-                    yield chunk
-            finally:
-                await answer.aclose()
-                await client.aclose()
-
-        headers = {k: v for k, v in answer.headers.items() if k.lower() in PASSED_ON}
-        return StreamingResponse(body(), headers=headers)
-
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["POST"])])
 
 
 @contextlib.asynccontextmanager

@@ -28,12 +28,12 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from face_metrics import metric, samples
 from middleware_apps import CHAT, ENGINE_ENV, app_streaming_from, running, serve_in_process
 from sidecars import StartSidecar
 from streamwarden.features.engine.counters import read_engine
 from streamwarden.features.engine.peers import EngineWatchers
 from streamwarden.middleware import StreamWardenMiddleware
-from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer, MockSettings, start_mock
 from upstreams import ServeUpstream
 from waiting import wait_for, wait_until
@@ -85,18 +85,6 @@ def test_each_engines_names_are_read_and_found_by_auto(
 @pytest.mark.parametrize("text", ["", "garbage {{{", "# TYPE x counter\nx_total 1\n", "\xff" * 100])
 def test_text_without_a_known_counter_is_no_reading(text: str) -> None:
     assert read_engine(text) is None
-
-
-def samples(text: str) -> dict[str, float]:
-    return {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-
-
-def metric(face: Sidecar | StreamWardenMiddleware, name: str) -> float:
-    return samples(face.metrics.render().decode()).get(name, 0.0)
 
 
 @pytest.fixture

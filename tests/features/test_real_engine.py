@@ -38,9 +38,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from face_metrics import metric
 from sidecars import StartSidecar
 from streamwarden.features.engine.counters import read_engine
-from test_engine_reconcile import metric
 from waiting import wait_for, wait_until
 
 BINARY = os.environ.get("SWTEST_REAL_ENGINE", "")

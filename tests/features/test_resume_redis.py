@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
+from resume_client import KEY, TOKENS, cut_after, mock_headers, read_events, resume, text_of
 from resume_cuts import (
     SHAPES,
     assert_as_direct,
@@ -33,7 +34,6 @@ from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from streamwarden.tools.mock.tokens import mock_text
-from test_resume import KEY, TOKENS, cut_after, mock_headers, read_events, resume, text_of
 from waiting import wait_for, wait_until
 
 CHAT = "/v1/chat/completions"
@@ -432,8 +432,8 @@ async def test_a_resume_sent_to_the_other_replica_the_instant_the_first_event_ar
 async def test_through_the_middleware_too_a_resume_on_the_other_app_finds_the_stream_at_once(
     redis_server: RedisServer,
 ) -> None:
-    from test_middleware_resume import TOKENS as APP_TOKENS
-    from test_middleware_resume import Model, served
+    from paced_model import TOKENS as APP_TOKENS
+    from paced_model import Model, served
 
     await redis_server.ready()
     options = {"on_client_gone": "detach", "resume_store": redis_server.url}

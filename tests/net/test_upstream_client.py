@@ -20,8 +20,6 @@ import socket
 import subprocess
 import sys
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -31,65 +29,8 @@ from aiohttp import web
 from locations import FIXTURES
 from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder
-from upstreams import ServeUpstream, port_of
+from upstreams import RawHandler, ServeUpstream, port_of, raw_upstream, read_request
 from waiting import wait_for, wait_until_settled
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@dataclass
-class RawUpstream:
-    """A raw TCP server: every connection runs ``handler``; counts connections."""
-
-    port: int
-    connections: int = 0
-    server: asyncio.Server | None = field(default=None, repr=False)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-@contextlib.asynccontextmanager
-async def raw_upstream(handler: Handler) -> AsyncIterator[RawUpstream]:
-    upstream = RawUpstream(0)
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream.connections += 1
-        task = asyncio.current_task()
-        assert task is not None
-        tasks.add(task)
-        try:
-            await handler(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            tasks.discard(task)
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    upstream.server = server
-    upstream.port = server.sockets[0].getsockname()[1]
-    try:
-        yield upstream
-    finally:
-        server.close()
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """One request's head and its ``Content-Length`` body."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    body = await reader.readexactly(length) if length else b""
-    return head, body
 
 
 def response(body: bytes, content_type: bytes = b"text/plain", extra: bytes = b"") -> bytes:
@@ -108,7 +49,7 @@ async def get(url: str, **kwargs: object) -> tuple[int, bytes]:
 # -- a client never receives bytes meant for another -----------------------------
 
 
-def _smuggling_upstream() -> Handler:
+def _smuggling_upstream() -> RawHandler:
     """Answers each request, then at once writes a second, unsolicited response."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -13,16 +13,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 pytest.importorskip("opentelemetry.sdk")
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-)
 
+from otlp_receiver import Receiver, attributes, servers
 from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
 from upstreams import ServeUpstream
@@ -34,34 +28,6 @@ PARENT = "00f067aa0ba902b7"
 FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "8"}
 
 
-class Receiver:
-    """An OTLP/HTTP receiver: what the exporters really sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.metrics: dict[str, Any] = {}
-        self.app = web.Application()
-        self.app.router.add_post("/v1/traces", self.traces)
-        self.app.router.add_post("/v1/metrics", self.metrics_in)
-
-    async def traces(self, request: web.Request) -> web.Response:
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        for resource in message.resource_spans:
-            for scope in resource.scope_spans:
-                self.spans.extend(scope.spans)
-        return web.Response(content_type="application/x-protobuf", body=b"")
-
-    async def metrics_in(self, request: web.Request) -> web.Response:
-        message = ExportMetricsServiceRequest()
-        message.ParseFromString(await request.read())
-        for resource in message.resource_metrics:
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    self.metrics[metric.name] = metric
-        return web.Response(content_type="application/x-protobuf", body=b"")
-
-
 @pytest.fixture
 async def receiver(monkeypatch: pytest.MonkeyPatch, serve_upstream: ServeUpstream) -> Receiver:
     served = Receiver()
@@ -69,15 +35,6 @@ async def receiver(monkeypatch: pytest.MonkeyPatch, serve_upstream: ServeUpstrea
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
     return served
-
-
-def attributes(span: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for kv in span.attributes:
-        value = kv.value
-        kind = value.WhichOneof("value")
-        out[kv.key] = getattr(value, kind)
-    return out
 
 
 async def stream(url: str, request_id: str, *, usage: bool = False, **controls: str) -> None:
@@ -97,10 +54,6 @@ async def stream(url: str, request_id: str, *, usage: bool = False, **controls: 
                 response.close()
                 return
             await response.read()
-
-
-def servers(receiver: Receiver) -> list[Any]:
-    return [s for s in receiver.spans if s.kind == 2]  # SPAN_KIND_SERVER
 
 
 async def test_each_stream_is_a_server_span_under_the_clients_trace_and_a_client_span_upstream(

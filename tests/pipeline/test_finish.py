@@ -28,6 +28,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from middleware_apps import serve_in_process
+from resume_client import KEY, read_events
 from sidecars import StartSidecar
 from streamwarden.config import load_settings
 from streamwarden.core.plan import StreamPlan
@@ -40,7 +41,6 @@ from streamwarden.observation.metrics import StreamMetrics
 from streamwarden.observation.register import StreamRegister
 from streamwarden.pipeline import FaceServices, Pipeline, StreamStart
 from streamwarden.pipeline.stamping import JournalStamps
-from test_resume import KEY, read_events
 from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -231,7 +231,7 @@ async def test_a_stream_ends_the_same_through_both_faces(
 
 async def server_span(receiver: Any) -> dict[str, Any]:
     """The one server span exported since the last call: its attributes, status and events."""
-    from test_telemetry import attributes, servers
+    from otlp_receiver import attributes, servers
 
     await wait_for(lambda: len(servers(receiver)) == 1, what="the server span exported")
     (span,) = servers(receiver)

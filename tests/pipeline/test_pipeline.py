@@ -244,7 +244,7 @@ async def _through(
     receiver: Any,
 ) -> Seen:
     """``capability.requests`` streams through one face, and what it did with them."""
-    from test_telemetry import servers
+    from otlp_receiver import servers
 
     model.bodies.clear()
     receiver.spans.clear()

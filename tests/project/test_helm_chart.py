@@ -21,7 +21,6 @@ Tools (each test skips, saying why, when its tool is missing):
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import re
 import shutil
@@ -33,23 +32,26 @@ from typing import Any
 import pytest
 import yaml
 
+from helm_tools import (
+    CHART,
+    CURRENT_KUBE,
+    OLD_KUBE,
+    Pod,
+    find,
+    helm_sdk,
+    objects_of,
+    render,
+    the,
+)
 from locations import REPO, TESTS
-from streamwarden.config import RouteSettings, Settings, load_settings, parse_duration
+from streamwarden.config import RouteSettings, Settings, parse_duration
 from streamwarden.core.meter import EndState
 from streamwarden.observation.metrics import StreamMetrics
 
-CHART = REPO / "helm" / "streamwarden"
 CASES_DIR = TESTS / "helm"
 HOST_CHART = CASES_DIR / "host-chart"
 RULES_FILE = REPO / "configs" / "prometheus-rules.yaml"
 DASHBOARD = REPO / "configs" / "grafana-dashboard.json"
-
-RELEASE = "demo"
-NAMESPACE = "llm"
-# The Kubernetes version the chart is rendered for (.Capabilities.KubeVersion)
-# and its objects are validated against; 1.28 is the last without native sidecars.
-CURRENT_KUBE = "1.36.0"
-OLD_KUBE = "1.28.0"
 
 # The config keys the chart names as top-level values; every other key goes
 # through its free-form `config` map.
@@ -61,12 +63,6 @@ FROM_A_SECRET = {"resume_secret"}
 
 
 # -- tools ---------------------------------------------------------------------
-
-
-def _helm() -> Any:
-    return pytest.importorskip(
-        "helm_python", reason="helm-python-sdk is not installed (pip install helm-python-sdk)"
-    )
 
 
 def _kubernetes_validate() -> Any:
@@ -97,52 +93,14 @@ def _run_promtool(*args: str, cwd: Path | None = None) -> str:
 
 def _values_file(name: str) -> dict[str, Any]:
     # Helm's own YAML reading, not PyYAML's: the two disagree on YAML 1.1 corners.
-    values: dict[str, Any] = _helm().values_from_yaml((CASES_DIR / name).read_text())
+    values: dict[str, Any] = helm_sdk().values_from_yaml((CASES_DIR / name).read_text())
     return values
-
-
-def render(
-    values: dict[str, Any] | None = None,
-    *,
-    kube_version: str = CURRENT_KUBE,
-    chart: Path = CHART,
-) -> dict[str, str]:
-    """Render like `helm template --kube-version`: template path -> manifest text."""
-    helm = _helm()
-    with helm.Chart.load(chart) as loaded:
-        if "kube_version" in inspect.signature(loaded.render).parameters:
-            rendered: dict[str, str] = loaded.render(
-                values, name=RELEASE, namespace=NAMESPACE, kube_version=f"v{kube_version}"
-            )
-            return rendered
-        # helm-python-sdk 0.2.2's Chart.render() does not forward the Kubernetes
-        # version, but the native helm_render call it wraps takes it.
-        from helm_python import _native
-
-        options = {"name": RELEASE, "namespace": NAMESPACE, "kube_version": f"v{kube_version}"}
-        payload = _native.call_string(
-            "helm_render",
-            loaded._raw(),
-            None if values is None else json.dumps(values),
-            json.dumps(options),
-        )
-        rendered = json.loads(payload)
-        return rendered
-
-
-def objects_of(manifests: dict[str, str]) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    for path, text in sorted(manifests.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        found.extend(doc for doc in yaml.safe_load_all(text) if doc)
-    return found
 
 
 @pytest.fixture(scope="module")
 def host_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The host chart with its streamwarden dependency vendored by `helm dependency update`."""
-    helm = _helm()
+    helm = helm_sdk()
     target = tmp_path_factory.mktemp("host") / "chat-api"
     shutil.copytree(HOST_CHART, target)
     chart_yaml = target / "Chart.yaml"
@@ -184,65 +142,6 @@ def rendered(request: pytest.FixtureRequest) -> Rendered:
     return render_case
 
 
-def find(objects: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
-    return [obj for obj in objects if obj["kind"] == kind]
-
-
-def the(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
-    matches = find(objects, kind)
-    assert len(matches) == 1, f"expected one {kind}, got {len(matches)}"
-    return matches[0]
-
-
-# -- reading a rendered pod ------------------------------------------------------
-
-
-class Pod:
-    """The rendered pod template, its sidecar and the sidecar's ConfigMap."""
-
-    def __init__(self, objects: tuple[dict[str, Any], ...]) -> None:
-        self.deployment = the(objects, "Deployment")
-        self.spec: dict[str, Any] = self.deployment["spec"]["template"]["spec"]
-        self.labels: dict[str, str] = self.deployment["spec"]["template"]["metadata"]["labels"]
-        self.init_containers: list[dict[str, Any]] = self.spec.get("initContainers") or []
-        self.containers: list[dict[str, Any]] = self.spec["containers"]
-        sidecars = [
-            c for c in self.init_containers + self.containers if c["name"] == "streamwarden"
-        ]
-        assert len(sidecars) == 1, "the pod must carry exactly one streamwarden container"
-        self.sidecar = sidecars[0]
-        self.native = self.sidecar in self.init_containers
-        volume = next(v for v in self.spec["volumes"] if v["name"] == "streamwarden-config")
-        config_map = next(
-            c
-            for c in find(objects, "ConfigMap")
-            if c["metadata"]["name"] == volume["configMap"]["name"]
-        )
-        self.config_text: str = config_map["data"]["config.yaml"]
-        self.config_keys: dict[str, Any] = yaml.safe_load(self.config_text)
-
-    def settings(self, tmp_path: Path) -> Settings:
-        """The ConfigMap read by the real config loader, as `streamwarden run --config` does."""
-        path = tmp_path / "config.yaml"
-        path.write_text(self.config_text)
-        return load_settings(path, environ={})
-
-    def port(self, name: str) -> int:
-        ports = {p["name"]: p["containerPort"] for p in self.sidecar["ports"]}
-        return int(ports[name])
-
-    @staticmethod
-    def pre_stop_seconds(container: dict[str, Any]) -> int:
-        handler = container.get("lifecycle", {}).get("preStop")
-        if handler is None:
-            return 0
-        if "sleep" in handler:
-            return int(handler["sleep"]["seconds"])
-        command = handler["exec"]["command"]
-        assert command[0] == "sleep", command
-        return int(command[1])
-
-
 def _port_of(address: str) -> int:
     return int(address.rpartition(":")[2])
 
@@ -267,7 +166,7 @@ WRAP_CASES = [name for name in CASES if CASES[name][2] == "chart"]
 )
 @pytest.mark.parametrize("kube_version", [CURRENT_KUBE, OLD_KUBE])
 def test_chart_lints_clean(values_file: str | None, kube_version: str) -> None:
-    helm = _helm()
+    helm = helm_sdk()
     values = _values_file(values_file) if values_file else None
     report = helm.lint(CHART, values, strict=True, kube_version=f"v{kube_version}")
     problems = [m for m in report["messages"] if m["severity"] >= 2]
@@ -275,7 +174,7 @@ def test_chart_lints_clean(values_file: str | None, kube_version: str) -> None:
 
 
 def test_host_chart_lints_clean(host_chart: Path) -> None:
-    helm = _helm()
+    helm = helm_sdk()
     report = helm.lint(host_chart, strict=True, kube_version=f"v{CURRENT_KUBE}")
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert report["errors"] == [] and problems == [], report
@@ -475,7 +374,7 @@ def test_grace_period_follows_any_drain_timeout(drain_timeout: object, drain_sec
 
 
 def test_a_grace_period_too_short_for_the_drain_fails_the_render() -> None:
-    helm = _helm()
+    helm = helm_sdk()
     with pytest.raises(helm.HelmError, match=r"terminationGracePeriodSeconds \(30\) must exceed"):
         render({"terminationGracePeriodSeconds": 30})
     pod = Pod(tuple(objects_of(render({"terminationGracePeriodSeconds": 31}))))
@@ -566,7 +465,7 @@ def test_config_changes_roll_the_pods() -> None:
 def test_inconsistent_values_fail_the_render_with_one_clear_line(
     values: dict[str, Any], message: str
 ) -> None:
-    helm = _helm()
+    helm = helm_sdk()
     with pytest.raises(helm.HelmError, match=message):
         render(values)
 
@@ -631,7 +530,7 @@ def test_readme_shows_the_three_adoption_paths_and_the_metrics() -> None:
     ],
 )
 def test_bad_values_fail_the_schema_with_a_clear_message(values_file: str, message: str) -> None:
-    helm = _helm()
+    helm = helm_sdk()
     values = _values_file(values_file)
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError) as schema_error:
         chart.validate_schema(values)
@@ -662,7 +561,7 @@ def test_schema_offers_every_sidecar_config_key() -> None:
 
 
 def test_values_defaults_are_the_sidecars_defaults() -> None:
-    with _helm().Chart.load(CHART) as chart:
+    with helm_sdk().Chart.load(CHART) as chart:
         values = chart.values
     defaults = Settings()
     assert values["listen"] == defaults.listen

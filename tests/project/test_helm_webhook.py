@@ -22,30 +22,22 @@ from typing import Any
 import aiohttp
 import pytest
 
-from locations import REPO
+from admission import admission_review, apply_patch, patch_of, replicaset_pod
+from helm_tools import CHART, NAMESPACE, RELEASE, helm_sdk, objects_of
 from streamwarden.cli import _inject_options, _parser
 from streamwarden.tools.inject import InjectOptions, inject_object
 from streamwarden.tools.webhook import CertificateFiles, webhook_app
-from test_helm_chart import NAMESPACE, RELEASE, objects_of
-from test_webhook import admission_review, apply_patch, patch_of, replicaset_pod
 from upstreams import ServeUpstream, port_of
 
-CHART = REPO / "helm" / "streamwarden"
 WEBHOOK_ONLY = {"mode": "inject", "webhook": {"enabled": True}}
 SERVICE_DNS = f"{RELEASE}-streamwarden-webhook.{NAMESPACE}.svc"
-
-
-def _helm() -> Any:
-    return pytest.importorskip(
-        "helm_python", reason="helm-python-sdk is not installed (pip install helm-python-sdk)"
-    )
 
 
 def render(
     values: dict[str, Any], *, kube_version: str = "1.30.0", api_versions: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """Like `helm template --kube-version V --api-versions A`, as objects."""
-    helm = _helm()
+    helm = helm_sdk()
     from helm_python import _native
 
     options = {
@@ -105,7 +97,7 @@ def test_the_webhook_objects_are_valid_kubernetes(kube_version: str, cert_manage
 
 
 def test_the_webhook_values_lint_clean() -> None:
-    helm = _helm()
+    helm = helm_sdk()
     for values in (WEBHOOK_ONLY, {"webhook": {"enabled": True}}):
         report = helm.lint(CHART, values, strict=True, kube_version="v1.30.0")
         problems = [m for m in report["messages"] if m["severity"] >= 2]

@@ -29,6 +29,7 @@ import aiohttp
 import pytest
 import yaml
 
+from helm_tools import Pod, objects_of, render
 from locations import REPO, TESTS
 from streamwarden.cli import _parser, _settings_from
 from streamwarden.config import parse_duration
@@ -472,8 +473,6 @@ def test_a_document_that_is_no_kubernetes_object_is_an_error(document: Any, mess
 
 def test_the_injected_sidecar_is_the_charts_sidecar() -> None:
     pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
-    from test_helm_chart import Pod, objects_of, render
-
     # The chart's pod, rendered for 1.29 (where its preStop is `exec: sleep`, as inject's).
     chart = objects_of(render(None, kube_version="1.29.0"))
     chart_pod = Pod(tuple(chart))

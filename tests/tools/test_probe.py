@@ -24,8 +24,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from conftest import StartSidecar
 from locations import REPO
+from nginx import free_port, needs_nginx, running_nginx
+from sidecars import StartSidecar
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.tools.mock import MockServer, MockSettings, start_mock
 from streamwarden.tools.probe.measure import (
@@ -40,7 +41,6 @@ from streamwarden.tools.probe.measure import (
     render_text,
     send_stamp,
 )
-from test_configs import free_port, needs_nginx, running_nginx
 
 # 12 tokens at 10 per second: a stream of ~1.3 s, slow enough that a hop's
 # buffering shows, short enough for the suite.
