@@ -444,14 +444,14 @@ def _two_choices(dialect: str, first: list[str], second: list[str]) -> bytes:
         else:
             parts = {"content": {"parts": [{"text": text}], "role": "model"}, "index": index}
             body = {"candidates": [parts]}
-        return f"data: {_json(body)}\n\n"
+        return f"data: {compact_json(body)}\n\n"
 
     out = [chunk(i, t) for pair in zip(first, second, strict=True) for i, t in enumerate(pair)]
     if dialect == "openai-chat":
         out.append("data: [DONE]\n\n")
     else:
         done = [{"content": {"parts": [], "role": "model"}, "index": 0, "finishReason": "STOP"}]
-        out.append(f"data: {_json({'candidates': done})}\n\n")
+        out.append(f"data: {compact_json({'candidates': done})}\n\n")
     return "".join(out).encode()
 
 
