@@ -184,7 +184,9 @@ class StreamMetrics:
         )
         self.client_connections = Gauge(
             "streamwarden_client_connections",
-            "Client connections open on the proxy port, idle ones included (sidecar).",
+            "Places held under max_client_connections: client connections open on the proxy"
+            " port, idle ones included, and streams read on after their client left (drain,"
+            " detach), each with its upstream connection (sidecar).",
             registry=r,
         )
         self.client_connections_limit = Gauge(

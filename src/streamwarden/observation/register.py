@@ -10,7 +10,10 @@ middleware's ``streams`` are this class), so that the rules are the same:
 - a request that asks for a stream takes a :class:`Slot` before the
   upstream (or the app) is asked, or is refused; the slot goes back once,
   whichever way the exchange ends, and as early as the face knows the
-  stream is over (a client may ask again the moment it has the end);
+  stream is over (a client may ask again the moment it has the end). A
+  stream that runs on after its client left (``on_client_gone: drain`` or
+  ``detach``) is not over: it keeps its slot until it ends, so that the
+  limit bounds the generations running upstream whatever clients do;
 - a finished stream's record is built by :func:`finished_record`, from the
   relay, in one place; both faces end their streams through
   :class:`~streamwarden.pipeline.end.StreamEnd`, which builds it and closes the
@@ -51,6 +54,16 @@ class Slot:
         give_back, self._give_back = self._give_back, None
         if give_back is not None:
             give_back()
+
+    def pass_on(self) -> Slot:
+        """The place, held on by a new holder; this one gives nothing back any more.
+
+        For a stream that outlives the request that took its slot (read on
+        after its client left): the request's own release, on its way out,
+        must not free a place the stream still fills.
+        """
+        give_back, self._give_back = self._give_back, None
+        return Slot(give_back)
 
 
 #: The slot of a request under no limit: nothing to give back.

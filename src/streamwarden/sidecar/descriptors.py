@@ -10,6 +10,10 @@ raises its soft limit to the hard one (what nginx's ``worker_rlimit_nofile``
 lets an operator do), and the proxy port holds at most
 ``max_client_connections`` clients: by default what the limit leaves after
 a reserve, counted so that every client can have its upstream open at once.
+A stream read on after its client left (drain, detach) keeps its upstream
+open without a client: it holds one of those places until it ends
+(:class:`~streamwarden.sidecar.http.ClientConnections`), so the streams read
+on are inside the budget too, however often clients leave and come back.
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ def client_connection_budget(open_files: int, upstream_pool_size: int) -> int:
     """How many client connections fit in ``open_files`` descriptors, the reserve kept.
 
     Each client may have a stream or a WebSocket open, each with its own
-    upstream connection: two descriptors a client. The upstream pool keeps
+    upstream connection: two descriptors a client (a stream read on after
+    its client left holds a place too, with one). The upstream pool keeps
     up to ``upstream_pool_size`` idle connections besides. At least one.
     """
     spare = open_files - _FIXED_RESERVE - PROXY_BACKLOG - upstream_pool_size

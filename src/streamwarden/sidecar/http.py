@@ -15,7 +15,8 @@ clients and operators better:
   503 and closed the moment it is accepted, before a byte of it is parsed:
   a flood of idle connections must not take the descriptors that the admin
   port, the upstreams and the clients already served need (see
-  :mod:`streamwarden.sidecar.descriptors`).
+  :mod:`streamwarden.sidecar.descriptors`). A stream read on after its
+  client left holds a place of its own (:class:`ClientConnections`).
 
 What the stream driver needs from each client connection, and aiohttp does
 not expose, is :class:`ClientChannel`: a callback the moment the client
@@ -106,15 +107,44 @@ def travel_light(request: web.BaseRequest) -> None:
 
 
 class ClientConnections:
-    """The proxy port's open client connections, and ``max_client_connections``."""
+    """The proxy port's places under ``max_client_connections``, and who holds them.
 
-    __slots__ = ("limit", "open", "refusal")
+    A client connection holds a place; so does a stream read on after its
+    client left (``on_client_gone: drain`` or ``detach``), until it ends:
+    it keeps its upstream connection open, and the budget the limit is
+    derived from counts every place as a client with its upstream. Without
+    that, a client that opens a stream and leaves, again and again, would
+    pile up upstream connections (and generations) past any limit.
+    """
+
+    __slots__ = ("limit", "open", "read_on", "refusal")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        #: Client connections open on the proxy port.
         self.open = 0
+        #: Streams read on in the background after their client left.
+        self.read_on = 0
         #: The whole answer to a connection past the limit, written as it is accepted.
         self.refusal = _raw_response(RefusalKind.TOO_MANY_CONNECTIONS, limit=limit)
+
+    @property
+    def held(self) -> int:
+        """Places held: client connections and streams read on without one."""
+        return self.open + self.read_on
+
+    def hold_for_read_on(self) -> Callable[[], None]:
+        """A stream runs on without its client: it holds a place until the returned call."""
+        self.read_on += 1
+        held = True
+
+        def give_back() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.read_on -= 1
+
+        return give_back
 
 
 class _GuardedRequestHandler(RequestHandler):
@@ -159,7 +189,7 @@ class _GuardedRequestHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         connections = self._connections
-        if connections.open >= connections.limit:
+        if connections.open + connections.read_on >= connections.limit:
             self._refuse_connection(transport)
             return
         connections.open += 1

@@ -121,7 +121,8 @@ class Sidecar:
         settings = self.settings
         connections = ClientConnections(self._client_connection_limit())
         self.client_connections = connections
-        self.metrics.watch_client_connections(lambda: connections.open, connections.limit)
+        self.proxy.streaming.places = connections
+        self.metrics.watch_client_connections(lambda: connections.held, connections.limit)
         proxy_server = GuardedServer(
             self.proxy.handler,
             handler_cancellation=True,

@@ -9,9 +9,14 @@ once. The driver runs in the handler's own task, unless the stream may
 outlive its client (``on_client_gone: drain`` or ``detach``): then in a task
 of its own, shielded from the cancellation aiohttp sends when the client
 leaves, and read on in the background after it (:meth:`Streaming.close`
-stops those at exit). However the stream ends, its :class:`StreamRun` gives
-the upstream side back (pooled if whole, else closed) and then hands the
-stream to the end every stream has, in both faces.
+stops those at exit). A stream read on keeps what it holds until it ends:
+its ``max_concurrent_streams`` slot (the handler's release no longer frees
+it) and a place under ``max_client_connections`` (its upstream connection
+stays open), so one client leaving and asking again cannot pile up
+generations past either limit. However the stream ends, its
+:class:`StreamRun` gives the upstream side back (pooled if whole, else
+closed), its slot and place, and then hands the stream to the end every
+stream has, in both faces.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ from streamwarden.sidecar.channel import ClientChannel
 from streamwarden.sidecar.deadlines import Deadlines
 from streamwarden.sidecar.driver import StreamDriver
 from streamwarden.sidecar.forwarding import trace_of
-from streamwarden.sidecar.http import CLIENT_GONE, client_channel, travel_light
+from streamwarden.sidecar.http import (
+    CLIENT_GONE,
+    ClientConnections,
+    client_channel,
+    travel_light,
+)
 from streamwarden.sidecar.streams import ActiveStream, StreamTracker
 
 __all__ = ["StreamRun", "Streaming", "head_response"]
@@ -47,7 +57,7 @@ Drive = Callable[[StreamDriver], Awaitable[None]]
 class Streaming:
     """The streams of one sidecar process: opened, relayed, read on, concluded."""
 
-    __slots__ = ("_in_background", "deadlines", "pipeline", "tracker")
+    __slots__ = ("_in_background", "deadlines", "pipeline", "places", "tracker")
 
     def __init__(self, pipeline: Pipeline[ActiveStream], tracker: StreamTracker) -> None:
         self.pipeline = pipeline
@@ -56,6 +66,9 @@ class Streaming:
         self.deadlines = Deadlines()
         #: Streams read on after their client left (on_client_gone: drain, detach).
         self._in_background: set[asyncio.Future[None]] = set()
+        #: The proxy port's places (``max_client_connections``), once it listens:
+        #: a stream read on holds one, as its client did.
+        self.places: ClientConnections | None = None
 
     async def close(self) -> None:
         """Stop the streams still read on in the background (the process exits)."""
@@ -141,7 +154,7 @@ class Streaming:
         """
         relay = stream.relay
         self.tracker.open(stream)
-        run = StreamRun(self.pipeline, stream, flow, release_upstream)
+        run = StreamRun(self.pipeline, stream, flow, release_upstream, slot)
         try:
             waits, flow.before_head = flow.before_head, None
             if waits is not None:
@@ -194,6 +207,11 @@ class Streaming:
     def _read_on(self, run: StreamRun, driving: asyncio.Future[None]) -> None:
         """Let a drained or detached stream run on past its handler, then conclude it."""
         run.in_background = True
+        # The stream is not over: it keeps its slot past the handler's
+        # release, and takes the place its client's connection gave back.
+        run.slot = run.slot.pass_on()
+        if self.places is not None:
+            run.give_back_place = self.places.hold_for_read_on()
         run.flow.counted_detached = self.pipeline.end.count_detached(run.stream.relay)
         self._in_background.add(driving)
         driving.add_done_callback(self._in_background.discard)
@@ -215,7 +233,9 @@ class StreamRun:
         "driver",
         "driving",
         "flow",
+        "give_back_place",
         "in_background",
+        "slot",
         "stream",
     )
 
@@ -225,11 +245,17 @@ class StreamRun:
         stream: ActiveStream,
         flow: PipelineStream,
         release_upstream: Callable[[], None],
+        slot: Slot,
     ) -> None:
         self._pipeline = pipeline
         self.stream = stream
         self.flow = flow
         self._release_upstream = release_upstream
+        #: The stream's ``max_concurrent_streams`` slot.
+        self.slot = slot
+        #: Gives back the place under ``max_client_connections`` that the
+        #: stream holds while it is read on without its client.
+        self.give_back_place: Callable[[], None] | None = None
         self.driver: StreamDriver | None = None
         self.driving: asyncio.Future[None] | None = None
         #: The stream runs on past its handler, which must not conclude it.
@@ -246,10 +272,13 @@ class StreamRun:
         self.stream.relay.client_gone(asyncio.get_running_loop().time())
 
     def conclude(self) -> None:
-        """The stream is over: the upstream side back, then its record everywhere."""
+        """The stream is over: the upstream side back, its slot and place, then its record."""
         if self.driver is not None:
             self.driver.finish()
         self._release_upstream()  # once: Exchange.finish acts only the first time
+        self.slot.release()  # once: for a stream read on, the handler's release was a no-op
+        if self.give_back_place is not None:
+            self.give_back_place()
         self._pipeline.finish(self.stream, self.flow, asyncio.get_running_loop().time())
 
 
