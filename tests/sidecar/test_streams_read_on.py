@@ -21,7 +21,8 @@ from streamwarden.core.lifecycle import Phase
 from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
-from test_resume import KEY, read_events
+from streamwarden.tools.mock.tokens import mock_text
+from test_resume import KEY, read_events, text_of
 from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -131,6 +132,37 @@ async def test_a_detached_stream_gives_its_slot_back_when_it_is_stopped(
     assert (await mock.stats.wait_ended("detached")).closed_early
     await wait_for(lambda: len(sidecar.tracker.finished) == 1, what="the stop's end")
     assert await open_and_leave(sidecar, "after") == "streamed"  # the slot is back
+
+
+async def test_a_resume_of_a_stream_read_on_here_shares_its_slot(
+    mock: MockServer, start_sidecar: StartSidecar
+) -> None:
+    # One generation, one slot: its owner's resume is served while a new
+    # stream is refused (the detached stream still fills the one slot).
+    sidecar = await start_sidecar(
+        mock.url, max_concurrent_streams=1, on_client_gone="detach", resume_window="5m"
+    )
+    tokens = {"x-mock-tps": "50", "x-mock-ttft": "0", "x-mock-tokens": "60"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            sidecar.proxy_url + CHAT,
+            headers={**tokens, "x-mock-request-id": "resumed", **KEY},
+            json={"stream": True},
+        ) as response:
+            first = await read_events(response, until=lambda got: len(got) >= 3)
+            response.close()
+    await wait_for(lambda: read_on(sidecar) == 1, what="detached")
+    assert await open_and_leave(sidecar, "refused") == "too_many_streams"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            sidecar.proxy_url + CHAT,
+            headers={**KEY, "Last-Event-ID": first[-1].id or ""},
+            json={"stream": True},
+        ) as again:
+            assert again.status == 200
+            rest = await read_events(again)
+    assert text_of(first + rest) == mock_text(60)
+    assert len(mock.stats.records) == 1
 
 
 async def test_streams_read_on_hold_places_under_max_client_connections(

@@ -143,6 +143,9 @@ class Serve:
     run: Callable[[AnswerWriter], Awaitable[object]]
     #: A client that takes no bytes for this long is cut (client_write_timeout; 0: never).
     write_timeout: float
+    #: The stream it serves runs in this process and holds its own slot: the
+    #: answer takes none (one generation, one slot, however often resumed).
+    slot_held: bool = False
 
 
 @dataclass(frozen=True, slots=True)

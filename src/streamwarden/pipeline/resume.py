@@ -103,4 +103,4 @@ class ResumeJournal(Stage):
         async def serve(writer: AnswerWriter) -> object:
             return await service.serve(asked, headers, query, path, route, writer)
 
-        return Serve(serve, route.client_write_timeout)
+        return Serve(serve, route.client_write_timeout, service.runs_here(asked))

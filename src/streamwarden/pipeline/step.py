@@ -7,7 +7,8 @@ opens its spans with :meth:`RequestStep.traced` (telemetry on), and asks
 1. the stages that answer requests themselves (a resume or an owner's
    stop, :class:`~streamwarden.pipeline.resume.ResumeJournal`) may answer
    it, never forwarding it; a stream answered (a resume) takes a stream
-   slot as the stream it resumes did;
+   slot as the stream it resumes did, unless that stream still runs here
+   and holds its own (a stream read on after its client left keeps it);
 2. whether it asks for a stream (``Accept``, ``alt=sse``, ``"stream":
    true`` in the body's first bytes, read when the face reads them anyway
    or when a slot depends on them);
@@ -116,8 +117,12 @@ class RequestStep:
         return forward
 
     def _holding_a_slot(self, answered: Answer | Serve) -> Answer | Serve:
-        """A stream answered (a resume) holds a slot while it is served, as its original did."""
-        if isinstance(answered, Answer):
+        """A stream answered (a resume) holds a slot while it is served, as its original did.
+
+        Unless the original still runs here, holding its slot: the slots
+        bound the generations running upstream, and a resume starts none.
+        """
+        if isinstance(answered, Answer) or answered.slot_held:
             return answered
         limit = self._settings.max_concurrent_streams
         slot = self._register.admit(limit)

@@ -210,6 +210,10 @@ class ResumeService:
         journal.end(end_state, dialect)
         self._local.pop(journal.stream_id, None)
 
+    def runs_here(self, asked: Position | str) -> bool:
+        """Whether the stream a resume asks for is running in this process (it holds a slot)."""
+        return isinstance(asked, Position) and asked.stream_id in self._local
+
     async def held_for(self, stream_id: str) -> float | None:
         """Seconds a resumed client still holds the stream for, or ``None``."""
         try:
