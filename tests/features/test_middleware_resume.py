@@ -17,8 +17,10 @@ import pytest
 
 from paced_model import TOKENS, Model, served
 from resume_client import KEY, read_events, text_of
+from streamwarden.core.lifecycle import Phase
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.features.resume.model import STREAM_ID_HEADER
+from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.tools.mock.tokens import mock_tokens
 from waiting import wait_for
 
@@ -99,26 +101,35 @@ async def test_drain_runs_the_app_to_its_end_for_a_client_that_left() -> None:
     assert meter.tokens_zombie > 0
 
 
-async def test_a_resume_takes_one_of_max_concurrent_streams() -> None:
+async def refused_or_streamed(url: str) -> str:
+    """A new stream's fate: ``"streamed"`` (read to its end) or the refusal's code."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + CHAT, headers=KEY, json={"stream": True}) as response:
+            if response.status != 200:
+                code: str = (await response.json())["error"]["code"]
+                return code
+            await read_events(response)
+            return "streamed"
+
+
+def running_on(mw: StreamWardenMiddleware, phase: Phase) -> bool:
+    """Whether the one stream in flight runs on, its client gone, in ``phase``."""
+    # The register holds each stream's responder; its relay says where the stream is.
+    responders: set[Any] = mw.streams.active
+    return any(r._flow.relay.lifecycle.phase is phase for r in responders)
+
+
+async def test_a_detached_app_keeps_its_slot_and_its_resume_shares_it() -> None:
     model = Model(pace=0.05)
-    options = {"on_client_gone": "detach", "resume_window": "5s", "max_concurrent_streams": 1}
+    options = {"on_client_gone": "detach", "resume_window": "5m", "max_concurrent_streams": 1}
     async with served(model, **options) as (url, mw):
         stream_id, first = await cut(url, 3)
         await wait_for(lambda: mw.metrics.detached._value.get() == 1, what="detached")
+        # The app runs on for nobody: it still fills the one slot...
+        assert await refused_or_streamed(url) == "too_many_streams"
+        assert model.generations == 1
+        # ...which its owner's resume shares: one generation, one slot.
         async with aiohttp.ClientSession() as session:
-            # Another client's live stream holds the one slot...
-            async with session.post(url + CHAT, headers=KEY, json={"stream": True}) as live:
-                await read_events(live, until=lambda got: len(got) >= 1)
-                # ...so a resume is refused like any other stream would be.
-                async with session.post(
-                    url + CHAT,
-                    headers={**KEY, "Last-Event-ID": first[-1].id or ""},
-                    json={"stream": True},
-                ) as refused:
-                    assert refused.status == 503
-                    assert (await refused.json())["error"]["code"] == "too_many_streams"
-                await read_events(live)  # to its end: its slot goes back
-            # Once it is over, the slot is free for the resume.
             async with session.post(
                 url + CHAT,
                 headers={**KEY, "Last-Event-ID": first[-1].id or ""},
@@ -126,7 +137,45 @@ async def test_a_resume_takes_one_of_max_concurrent_streams() -> None:
             ) as again:
                 assert again.status == 200 and again.headers[STREAM_ID_HEADER] == stream_id
                 rest = await read_events(again)
+        await wait_for(lambda: not mw.streams.active, what="the app's end")
+        assert await refused_or_streamed(url) == "streamed"  # over: the slot is back
     assert text_of(first + rest) == "".join(mock_tokens(TOKENS))
+
+
+async def test_a_resume_of_a_stream_over_takes_a_slot_of_its_own() -> None:
+    model = Model(pace=0.01)
+    options = {"on_client_gone": "detach", "resume_window": "5m", "max_concurrent_streams": 1}
+    async with served(model, **options) as (url, mw):
+        stream_id, first = await cut(url, 3)
+        await asyncio.wait_for(model.finished.wait(), 30)
+        await wait_for(lambda: not mw.streams.active, what="the stream's end")
+        resume = {**KEY, "Last-Event-ID": first[-1].id or ""}
+        async with aiohttp.ClientSession() as session:
+            # Another client's live stream holds the one slot...
+            async with session.post(url + CHAT, headers=KEY, json={"stream": True}) as live:
+                await read_events(live, until=lambda got: len(got) >= 1)
+                # ...so a resume of a stream over is refused like any other stream.
+                async with session.post(url + CHAT, headers=resume, json={}) as refused:
+                    assert refused.status == 503
+                    assert (await refused.json())["error"]["code"] == "too_many_streams"
+                await read_events(live)  # to its end: its slot goes back
+            async with session.post(url + CHAT, headers=resume, json={}) as again:
+                assert again.status == 200 and again.headers[STREAM_ID_HEADER] == stream_id
+                rest = await read_events(again)
+    assert text_of(first + rest) == "".join(mock_tokens(TOKENS))
+
+
+async def test_an_app_drained_for_a_client_that_left_keeps_its_slot_until_it_ends() -> None:
+    model = Model(pace=0.05)  # 2 s of drain: far longer than a refusal takes
+    async with served(model, on_client_gone="drain", max_concurrent_streams=1) as (url, mw):
+        await cut(url, 3)
+        await wait_for(lambda: running_on(mw, Phase.DRAINING), what="drained on")
+        assert await refused_or_streamed(url) == "too_many_streams"
+        await asyncio.wait_for(model.finished.wait(), 30)
+        await wait_for(lambda: len(mw.streams.finished) == 1, what="the drain's end")
+        assert mw.streams.finished[-1].meter.end_state == "drained"
+        assert await refused_or_streamed(url) == "streamed"  # over: the slot is back
+    assert model.generations == 2
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from resume_client import KEY, read_events, text_of
 from sidecars import StartSidecar
 from streamwarden.core.lifecycle import Phase
 from streamwarden.features.resume.model import STREAM_ID_HEADER
 from streamwarden.sidecar import Sidecar
 from streamwarden.tools.mock import MockServer
 from streamwarden.tools.mock.tokens import mock_text
-from test_resume import KEY, read_events, text_of
 from waiting import wait_for
 
 CHAT = "/v1/chat/completions"

@@ -183,12 +183,17 @@ class ClientWriter:
             return relay.next
         now = self._loop.time()
         self.client_gone = True
-        self.close_body()
+        self.body_closed = True  # no more writes to the client
         relay.client_gone(now)
         action = relay.next
         if action is Next.READ_ON:
+            # The stream is not over: the app runs on and keeps its slot until
+            # it ends (the responder gives it back then), so that
+            # max_concurrent_streams bounds the generations running.
             self._inbox.hides_disconnect = True  # the app runs on, unaware
             self.rearm_clock()  # a detached stream's deadline came sooner
+        else:
+            self._admission.release()
         self._flow.counted_detached = self._end.count_detached(relay)
         if action is not Next.READ_ON:
             # The app is stopped because its client left: its unwinding is the
