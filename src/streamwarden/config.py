@@ -456,13 +456,17 @@ class Settings(BaseModel):
     max_headers: int = Field(default=100, ge=1)
     #: Time for a client to send its whole request head before a 408 (0: none).
     request_header_timeout: Duration = 10.0
-    #: Streams open at once before new ones get 503 with ``Retry-After`` (0: unlimited).
+    #: Streams open at once before new ones get 503 with ``Retry-After`` (0:
+    #: unlimited). A stream read on after its client left (``drain``,
+    #: ``detach``) counts until it ends; a resume of a stream still running
+    #: here shares that stream's place.
     max_concurrent_streams: int = Field(default=0, ge=0)
-    #: Client connections open at once on the proxy port, idle ones included;
-    #: past it a new one is answered 503 and closed at once, so that the
-    #: admin port and the upstreams always have descriptors. 0: as many as
-    #: the open-files limit fits, two descriptors each (a client and its
-    #: upstream) after a reserve (sidecar).
+    #: Client connections open at once on the proxy port, idle ones included,
+    #: and streams read on after their client left (each keeps its upstream
+    #: connection); past it a new connection is answered 503 and closed at
+    #: once, so that the admin port and the upstreams always have
+    #: descriptors. 0: as many as the open-files limit fits, two descriptors
+    #: each (a client and its upstream) after a reserve (sidecar).
     max_client_connections: int = Field(default=0, ge=0)
     #: Grace period for streams in flight on SIGTERM.
     drain_timeout: Duration = 25.0
