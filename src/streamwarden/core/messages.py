@@ -13,13 +13,21 @@ here.
 
 What a face does with each input is this model's answer:
 
-- a client message always goes on as it came (a ``response.create`` also
-  opens a stream);
+- a client message goes on as it came (a ``response.create`` also opens a
+  stream), unless the face has no stream place for it
+  (``max_concurrent_streams``: the session's ``admit``): then that
+  ``response.create`` goes nowhere, the client gets an ``error`` message
+  refusing it, and the session goes on;
 - an upstream message goes on as it came, unless its stream's relay ends
   the stream on it: then the client gets the relay's ``error`` message and
   the session ends with an error close (:data:`CUT_CLOSE_CODE`): the openai
   SDK reads a 1000 or 1001 close as a normal end of its event loop, and
   raises on any other;
+- on a stream with transforms (output filters) what leaves them goes in the
+  message's place (:attr:`Reply.messages`: nothing while the hold-back
+  waits, a redacted message rewritten, a ``block`` a cut with
+  ``content_blocked``), and on a cut by a close or a timer what they still
+  held goes before its ``error`` message (:meth:`MessageSession.take_released`);
 - the upstream closing (any code, 1000 included) while a response is open
   is a truncation, and vanishing without a close frame (1006) an upstream
   error: both reach the client as an ``error`` message and an error close,
@@ -40,12 +48,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamwarden.core.dialects import detect
-from streamwarden.core.dialects.base import load_json
+from streamwarden.core.dialects import Observation, detect
+from streamwarden.core.dialects.base import dump_json, load_json
 from streamwarden.core.endings import ErrorCode
 from streamwarden.core.lifecycle import Gone
 from streamwarden.core.relay import Relay
-from streamwarden.core.sse import SSEDecoder
+from streamwarden.core.sse import Frame, SSEDecoder
+from streamwarden.core.transform import Passing, Stop, TransformChain
 
 __all__ = [
     "CUT_CLOSE_CODE",
@@ -56,6 +65,7 @@ __all__ = [
     "Upstream",
     "carries_streams",
     "error_message",
+    "refusal_message",
 ]
 
 #: The close code of a session whose stream was cut: 1011 (internal error),
@@ -73,6 +83,10 @@ MAX_TRACKED = 64
 Opener = Callable[[float, float], Relay]
 #: The stream is over, and nothing more of it will come: record it.
 Finisher = Callable[[Relay, float], None]
+#: A place for one more stream (``max_concurrent_streams``): ``None`` if
+#: taken (the face gives it back when that stream is recorded, or at the
+#: session's end for one never opened), else the ``error`` message refusing it.
+Admitter = Callable[[], str | None]
 
 _CREATE = "response.create"
 
@@ -85,11 +99,20 @@ class Reply:
     forward: bool
     #: Then this ``error`` message, an error close, and the session ends (``None``: goes on).
     error: str | None = None
+    #: These go to the client in the message's place (after it, with ``forward``):
+    #: what its stream's transforms let out (the output filters' hold-back).
+    messages: tuple[str, ...] = ()
+    #: A client message that goes nowhere: this goes back to the client, and the session
+    #: goes on (a ``response.create`` refused).
+    answer: str | None = None
+    #: A client message opened a stream: its timers run from now.
+    opened: bool = False
 
 
 #: The answer for most messages: on they go.
 FORWARD = Reply(True)
 _DROP = Reply(False)
+_OPENED = Reply(True, opened=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +132,48 @@ def carries_streams(setting: str, path: str) -> bool:
     return found.dialect.name != "generic"
 
 
+def refusal_message(setting: str, path: str, code: str, message: str) -> str:
+    """The ``error`` message refusing a response on ``path`` (a face's refusal, e.g. no stream
+    place left), in the shape of its dialect's error event."""
+    found = detect(setting, path=path, content_type=None, headers={}, framing="messages")
+    return error_message(found.dialect.error_event(code, f"streamwarden: {message}"))
+
+
+class _Sent:
+    """The last transform of a stream that has any: the messages that leave them, as they go.
+
+    Where transforms act (output filters) a message may wait, go on
+    rewritten, or be let go with others later: what the client gets is
+    what leaves the chain, one message per frame (a rewritten frame's bytes
+    are its data: :func:`~streamwarden.core.sse.with_data`), then the
+    stream's ``error`` message if it ended with one.
+    """
+
+    __slots__ = ("error", "messages", "stop")
+
+    def __init__(self) -> None:
+        self.stop: Stop | None = None
+        self.messages: list[str] = []
+        self.error: bytes | None = None
+
+    def event(self, frame: Frame, seen: Observation, now: float, out: list[Passing]) -> None:
+        self.messages.append(frame.raw.decode("utf-8", "replace"))
+        out.append((frame, seen))
+
+    def close(self, now: float, out: list[Passing]) -> None:
+        return None
+
+    def ending(self, error: bytes) -> bytes:
+        self.error = error
+        return error
+
+    def take(self) -> tuple[tuple[str, ...], str | None]:
+        """The messages let out since the last take, and the ``error`` message (if it ended)."""
+        messages, self.messages = tuple(self.messages), []
+        error, self.error = self.error, None
+        return messages, error_message(error) if error is not None else None
+
+
 class _Lane:
     """The responses of one lane: the one being answered, and those queued behind it."""
 
@@ -123,11 +188,28 @@ class _Lane:
 class MessageSession:
     """One WebSocket session's streams, as the face feeds it the session's messages."""
 
-    __slots__ = ("_finish", "_gone", "_lanes", "_open", "_tracked", "cut")
+    __slots__ = (
+        "_admit",
+        "_finish",
+        "_gone",
+        "_lanes",
+        "_open",
+        "_released",
+        "_sent",
+        "_tracked",
+        "cut",
+    )
 
-    def __init__(self, open_stream: Opener, finish_stream: Finisher) -> None:
+    def __init__(
+        self, open_stream: Opener, finish_stream: Finisher, admit: Admitter | None = None
+    ) -> None:
         self._open = open_stream
         self._finish = finish_stream
+        self._admit = admit
+        #: The streams with transforms: what leaves them, message by message.
+        self._sent: dict[Relay, _Sent] = {}
+        #: What their transforms let go on a cut (by a close, a timer): sent before its error.
+        self._released: list[str] = []
         self._lanes: dict[str | None, _Lane] = {}
         self._tracked = 0
         #: Streams ended by the client leaving: recorded at the session's end,
@@ -152,22 +234,31 @@ class MessageSession:
     # -- inputs --------------------------------------------------------------
 
     def client_message(self, data: str, now: float) -> bool:
-        """A client text message (it goes on as it came); True if it opened a stream."""
+        """A client text message (see :meth:`client_reply`); True if it opened a stream."""
+        return self.client_reply(data, now).opened
+
+    def client_reply(self, data: str, now: float) -> Reply:
+        """A client text message: whether it goes on (a refused ``response.create``: its answer)."""
         if _CREATE not in data or self.cut:
-            return False
+            return FORWARD
         message = load_json(data)
         if not isinstance(message, dict) or message.get("type") != _CREATE:
-            return False
+            return FORWARD
         if self._tracked >= MAX_TRACKED:
-            return False
+            return FORWARD
         lane_id = message.get("stream_id")
-        lane = self._lanes.setdefault(lane_id if isinstance(lane_id, str) else None, _Lane())
+        lane_id = lane_id if isinstance(lane_id, str) else None
+        if self._admit is not None:
+            refused = self._admit()
+            if refused is not None:
+                return Reply(False, answer=_in_lane(refused, lane_id))
+        lane = self._lanes.setdefault(lane_id, _Lane())
         self._tracked += 1
         if lane.active is None:
             lane.active = self._start(now, now)
-            return True
+            return _OPENED
         lane.queued.append(now)
-        return False
+        return FORWARD
 
     def upstream_message(self, data: str, now: float) -> Reply:
         """An upstream text message: what the face does with it."""
@@ -182,19 +273,34 @@ class MessageSession:
         raw = data.encode()
         sent = relay.meter.events_out
         written = relay.feed(raw, now)  # one whole message: one frame (MessageFramer)
-        # What the relay wrote: the message itself when it went on, then its ending.
-        forward = relay.meter.events_out > sent
-        ending = written[len(raw) :] if forward else written
-        if ending:
+        transformed = self._sent.get(relay)
+        messages: tuple[str, ...] = ()
+        if transformed is None:
+            # What the relay wrote: the message itself when it went on, then its ending.
+            forward = relay.meter.events_out > sent
+            ending = written[len(raw) :] if forward else written
+            error = error_message(ending) if ending else None
+        else:  # what left its transforms goes in its place
+            forward = False
+            messages, error = transformed.take()
+        if error is not None:
             self.cut = True
-            return Reply(forward, error_message(ending))
+            return Reply(forward, error, messages)
         if relay.done:  # the client left: counted, never sent
             return _DROP
         if relay.terminal_seen or relay.meter.upstream_reported_error:
             # Its answer is whole, or the upstream said it failed (its own
             # ``error`` went on): the stream ends as an HTTP one ends there.
             relay.upstream_eof(now)
+            if transformed is not None:  # what still waited goes out (or a block ends it)
+                more, error = transformed.take()
+                messages += more
+                if error is not None:
+                    self.cut = True
+                    return Reply(False, error, messages)
             self._next(lane, lane_id, now)
+        if transformed is not None:
+            return Reply(False, messages=messages) if messages else _DROP
         return FORWARD if forward else _DROP
 
     def upstream_too_large(self, now: float) -> str | None:
@@ -216,6 +322,12 @@ class MessageSession:
             return Upstream(None, CUT_CLOSE_CODE)
         return Upstream(None, code)
 
+    def take_released(self) -> list[str]:
+        """What streams' transforms let go as a cut ended them: the face sends these first,
+        then the cut's ``error`` message (:meth:`upstream_closed`, :meth:`poll`, ...)."""
+        released, self._released = self._released, []
+        return released
+
     def client_closed(self, now: float) -> None:
         """The client closed or vanished: every open stream ends with it."""
         for relay in self.streams:
@@ -233,6 +345,7 @@ class MessageSession:
         relays = self._gone + self.streams
         self._gone = []
         self._lanes.clear()
+        self._sent.clear()
         for relay in dict.fromkeys(relays):
             self._finish(relay, now)
 
@@ -242,6 +355,11 @@ class MessageSession:
         relay = self._open(started_at, now)
         # A session's streams end with it: nothing reads a closed session on.
         relay.lifecycle.gone = Gone.CANCEL
+        chain = relay.chain
+        if chain is not None:  # a plain stream's messages go on as they came, at no cost
+            sent = _Sent()
+            relay.chain = TransformChain((*chain.transforms, sent), relay.meter)
+            self._sent[relay] = sent
         return relay
 
     def _next(self, lane: _Lane, lane_id: str | None, now: float) -> None:
@@ -249,6 +367,7 @@ class MessageSession:
         relay = lane.active
         assert relay is not None
         self._finish(relay, now)
+        self._sent.pop(relay, None)
         self._tracked -= 1
         lane.active = self._start(lane.queued.popleft(), now) if lane.queued else None
         if lane.active is None:
@@ -259,8 +378,14 @@ class MessageSession:
         first: str | None = None
         for relay in self.streams:
             written = act(relay)
-            if written and first is None:
-                first = error_message(written)
+            transformed = self._sent.get(relay)
+            if transformed is None:
+                error = error_message(written) if written else None
+            else:  # what its transforms held goes first
+                released, error = transformed.take()
+                self._released += released
+            if error is not None and first is None:
+                first = error
                 self.cut = True
         return first
 
@@ -275,6 +400,16 @@ def error_message(event: bytes) -> str:
     """
     events = SSEDecoder().feed(event)
     return events[0].data if events else ""
+
+
+def _in_lane(message: str, lane: str | None) -> str:
+    """A message of the session's own, in the lane of the response it is about."""
+    if lane is None:
+        return message
+    loaded = load_json(message)
+    if not isinstance(loaded, dict):
+        return message
+    return dump_json({**loaded, "stream_id": lane})
 
 
 def _lane_of(data: str) -> str | None:

@@ -709,15 +709,18 @@ def _large_line_frame(buf: bytearray, start: int, end: int) -> Frame:
 _RAW_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 
 
-def with_data(raw: bytes, data: str, *, lines: bool = False) -> bytes:
+def with_data(raw: bytes, data: str, *, lines: bool = False, message: bool = False) -> bytes:
     """A frame's raw bytes with its event's data replaced by ``data``, all else kept.
 
     For an SSE block the first ``data`` line becomes one line per line of
     ``data``, with the same line ending, and later ``data`` lines go; every
     other line (``event``, ``id``, comments) and the blank line that ends
     the block stay as they were. For a line (``lines``), the line's text is
-    replaced and its ending kept.
+    replaced and its ending kept. For a message (``message``: a WebSocket's,
+    :class:`MessageFramer`) the bytes are the data and nothing else.
     """
+    if message:
+        return data.encode()
     if lines:
         ending = b"\r\n" if raw.endswith(b"\r\n") else b"\n"
         return data.encode() + ending

@@ -16,9 +16,10 @@ class OutputFilters(Stage):
     summary = "`output_filters`: redact or block a match, events held back only while it may start"
 
     def wanted(self, start: StreamStart) -> bool:
-        # A WebSocket's messages go on as they came (the filters rewrite
-        # events in their framing): not filtered there yet.
-        return start.route.output_filters is not None and start.plan.framing != "messages"
+        # A WebSocket's messages too: a rewritten message is its new data
+        # (core.sse.with_data), and what the hold-back lets go is sent as
+        # messages (core.messages.MessageSession).
+        return start.route.output_filters is not None
 
     def transform(self, stream: PipelineStream) -> EventTransform:
         route = stream.start.route

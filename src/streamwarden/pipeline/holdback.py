@@ -175,8 +175,7 @@ class FilterHoldback:
         if not changed:
             return frame
         data = dialect.dump_data(event, root)
-        raw = with_data(frame.raw, data, lines=self._relay.framing == "lines")
-        return Frame(raw, Event(event.event, data, event.id))
+        return Frame(self._rewritten(frame.raw, data), Event(event.event, data, event.id))
 
     def _take(self, released: list[Released[_Waiting]] | None, out: list[Passing]) -> None:
         """Append the events the hold-back let go to ``out``, redacted."""
@@ -205,7 +204,12 @@ class FilterHoldback:
         if parts is None:  # the dialect's text was the filtered text: its parts, read again
             parts = dialect.filter_text(event, tools)
         data = dialect.rewrite_text(event, tools, apply_cuts(parts, cuts))
-        return Frame(with_data(frame.raw, data, lines=self._relay.framing == "lines"), event)
+        return Frame(self._rewritten(frame.raw, data), event)
+
+    def _rewritten(self, raw: bytes, data: str) -> bytes:
+        """A frame's bytes with new data, in its stream's framing (a message's: the data)."""
+        framing = self._relay.framing
+        return with_data(raw, data, lines=framing == "lines", message=framing == "messages")
 
     def _block(self, rule: FilterRule | None = None) -> None:
         """End the stream ``content_blocked``: a block match (``rule``: in a whole text)."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.dialects import asks_for_stream
 from streamwarden.core.refusals import RefusalKind
-from streamwarden.observation.register import StreamRegister
+from streamwarden.observation.register import Slot, StreamRegister
 from streamwarden.pipeline.request import (
     Answer,
     AnswerWriter,
@@ -110,11 +110,20 @@ class RequestStep:
             return forward
         for stage in self._forwarding:
             await stage.forwarding(request, forward)
-        slot = self._register.admit(limit)
+        slot = self.stream_slot()
         if slot is None:
             return Answer.refused(RefusalKind.TOO_MANY_STREAMS, limit=limit)
         forward.slot = slot
         return forward
+
+    @property
+    def max_concurrent_streams(self) -> int:
+        return self._settings.max_concurrent_streams
+
+    def stream_slot(self) -> Slot | None:
+        """One of ``max_concurrent_streams`` for a stream about to be asked of the upstream
+        (a request's, a WebSocket's ``response.create``), or ``None``: all are held."""
+        return self._register.admit(self._settings.max_concurrent_streams)
 
     def _holding_a_slot(self, answered: Answer | Serve) -> Answer | Serve:
         """A stream answered (a resume) holds a slot while it is served, as its original did.
@@ -124,9 +133,9 @@ class RequestStep:
         """
         if isinstance(answered, Answer) or answered.slot_held:
             return answered
-        limit = self._settings.max_concurrent_streams
-        slot = self._register.admit(limit)
+        slot = self.stream_slot()
         if slot is None:
+            limit = self._settings.max_concurrent_streams
             return Answer.refused(RefusalKind.TOO_MANY_STREAMS, limit=limit)
         run = answered.run
 

@@ -9,7 +9,10 @@ connections apart from the stream pool.
 A WebSocket that carries streams (the Responses API's, on ``/responses``:
 :func:`~streamwarden.core.messages.carries_streams`) is read as well: each
 ``response.create`` is a stream through the pipeline (metered, limited,
-checked, recorded like an HTTP stream), its messages go on as they came,
+checked, filtered, traced, recorded like an HTTP stream, and holding one
+of ``max_concurrent_streams``: past it, that ``response.create`` is
+answered with an ``error`` message and goes nowhere, the session goes on),
+its messages go on as they came (or as its output filters let them out),
 and a stream cut (the upstream closing mid-response, even with 1000, or
 vanishing, a limit, a broken tool call) reaches the client as an ``error``
 message and a 1011 close, which the openai SDK raises on. What each
@@ -38,11 +41,19 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from streamwarden.config import ResolvedRoute
-from streamwarden.core.messages import CUT_CLOSE_CODE, MessageSession, Reply, carries_streams
+from streamwarden.core.messages import (
+    CUT_CLOSE_CODE,
+    MessageSession,
+    Reply,
+    carries_streams,
+    refusal_message,
+)
 from streamwarden.core.plan import MESSAGES_PLAN
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.core.relay import Relay
+from streamwarden.observation.register import Slot
 from streamwarden.pipeline import PipelineStream, StreamStart
+from streamwarden.sidecar.forwarding import describe
 from streamwarden.sidecar.streaming import Streaming
 from streamwarden.sidecar.streams import ActiveStream
 
@@ -182,6 +193,7 @@ class WebSocketRelay:
                 await client.close(code=aiohttp.WSCloseCode.GOING_AWAY)
             if streams is not None:
                 streams.session.end(asyncio.get_running_loop().time())
+                streams.release()
             self._tell(end)
         return client
 
@@ -266,7 +278,7 @@ class WebSocketRelay:
             if silent is client:
                 session.client_closed(now)
             else:  # gone as if it vanished: a response it left open was cut
-                await _send_error(client, session.upstream_closed(None, now).error)
+                await _send_error(client, session, session.upstream_closed(None, now).error)
             await _close(silent, _PING_TIMEOUT_CODE, "ping timeout")
             await _close(upstream if silent is client else client, CUT_CLOSE_CODE, "peer timed out")
             if silent is client:
@@ -299,7 +311,7 @@ async def _upstream_ended(
         closing = session.upstream_closed(code, now)
         error, code = closing.error, closing.code
     if error is not None:
-        await _send_error(client, error)
+        await _send_error(client, session, error)
         code, reason = CUT_CLOSE_CODE, "stream cut"
     assert code is not None
     await _close(client, code, reason)
@@ -307,9 +319,12 @@ async def _upstream_ended(
     return SessionEnd.STREAM_CUT if error is not None else SessionEnd.UPSTREAM_CLOSED
 
 
-async def _send_error(client: _Side, error: str | None) -> None:
+async def _send_error(client: _Side, session: MessageSession, error: str | None) -> None:
+    """A cut's ``error`` message, after what the cut stream's output filters still held."""
     if error is not None:
         with contextlib.suppress(*_GONE):
+            for message in session.take_released():
+                await client.ws.send_str(message)
             await client.ws.send_str(error)
 
 
@@ -329,7 +344,7 @@ class _Ended:
 class _SessionStreams:
     """The streams of one session: its model, and each stream's place in the pipeline."""
 
-    __slots__ = ("_entries", "_request", "_route", "_streaming", "_wake", "session")
+    __slots__ = ("_entries", "_request", "_route", "_slots", "_streaming", "_wake", "session")
 
     def __init__(
         self, streaming: Streaming, request: web.BaseRequest, route: ResolvedRoute
@@ -338,12 +353,36 @@ class _SessionStreams:
         self._request = request
         self._route = route
         self._entries: dict[Relay, tuple[ActiveStream, PipelineStream]] = {}
+        #: The ``max_concurrent_streams`` places the session's responses hold (one
+        #: each, open or queued; places are alike: any one goes back as one ends).
+        self._slots: list[Slot] = []
         #: Set when the session's deadline may have moved sooner.
         self._wake = asyncio.Event()
-        self.session = MessageSession(self._open, self._finish)
+        self.session = MessageSession(self._open, self._finish, self._admit)
+
+    def _admit(self) -> str | None:
+        """A place for one more response, as an HTTP stream takes one; else its refusal."""
+        step = self._streaming.pipeline.step
+        slot = step.stream_slot()
+        if slot is not None:
+            self._slots.append(slot)
+            return None
+        refused = RefusalKind.TOO_MANY_STREAMS.refusal
+        message = refused.message.format(limit=step.max_concurrent_streams)
+        return refusal_message(self._route.dialect, self._request.path, refused.code, message)
+
+    def release(self) -> None:
+        """The session is over: every place its responses still held goes back."""
+        for slot in self._slots:
+            slot.release()
+        self._slots.clear()
 
     def _open(self, started_at: float, now: float) -> Relay:
         request = self._request
+        pipeline = self._streaming.pipeline
+        # Each response its own server span (telemetry on), under the handshake's
+        # traceparent: the session's own span ends with the session.
+        trace = pipeline.step.traced(describe(request, self._route))
         start = StreamStart(
             "sidecar",
             self._route,
@@ -356,8 +395,9 @@ class _SessionStreams:
             {},
             started_at,
             now,
+            trace=trace,
         )
-        flow = self._streaming.pipeline.open(start)
+        flow = pipeline.open(start)
         entry = ActiveStream(flow.stream_id, flow.relay, self._route.route)
         entry.sleeper = self  # the drain moves the deadline sooner
         self._streaming.tracker.open(entry)
@@ -367,14 +407,17 @@ class _SessionStreams:
     def _finish(self, relay: Relay, now: float) -> None:
         entry, flow = self._entries.pop(relay)
         self._streaming.pipeline.finish(entry, flow, now)
+        if self._slots:
+            self._slots.pop().release()
 
     def deadline_now(self) -> None:
         self._wake.set()
 
     def client_text(self, data: str) -> Reply:
-        if self.session.client_message(data, asyncio.get_running_loop().time()):
+        reply = self.session.client_reply(data, asyncio.get_running_loop().time())
+        if reply.opened:
             self._wake.set()  # a stream opened: its timers run from now
-        return _ON
+        return reply
 
     def upstream_text(self, data: str) -> Reply:
         return self.session.upstream_message(data, asyncio.get_running_loop().time())
@@ -396,7 +439,6 @@ class _SessionStreams:
                 return _Ended(None, error=error)
 
 
-_ON = Reply(True)
 # What a write to a peer that is gone raises.
 _GONE = (ConnectionError, aiohttp.ClientError, RuntimeError)
 
@@ -424,7 +466,8 @@ async def _keep_alive(side: _Side, interval: float) -> None:
 async def _pump(source: _Side, sink: _Side, read: Callable[[str], Reply] | None = None) -> _Ended:
     """Forward messages until ``source`` closes (or ``read`` cuts a stream on one); say how.
 
-    ``read`` sees each text message first and says whether it goes on.
+    ``read`` sees each text message first and says whether it goes on, what
+    goes to ``sink`` in its place, or what goes back to ``source`` instead.
     """
     loop = asyncio.get_running_loop()
     while True:
@@ -438,6 +481,10 @@ async def _pump(source: _Side, sink: _Side, read: Callable[[str], Reply] | None 
             reply = read(message.data)
             if reply.forward:
                 await sink.ws.send_str(message.data)
+            for rewritten in reply.messages:
+                await sink.ws.send_str(rewritten)
+            if reply.answer is not None:
+                await source.ws.send_str(reply.answer)
             if reply.error is not None:
                 return _Ended(None, error=reply.error)
         elif kind == aiohttp.WSMsgType.BINARY:
