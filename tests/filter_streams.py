@@ -4,7 +4,8 @@ Every stream is built from text pieces by one writer per dialect, the way its
 provider writes it (compact JSON), so the expected output of a filtered
 stream can be built by the same writer from pieces redacted by hand. The
 core's filter tests (tests/core/test_filters*.py) and the faces' ones
-(tests/faces/test_filters_faces.py) share them.
+(tests/faces/test_filters_faces.py, the Responses WebSocket's in
+tests/sidecar/) share them, and the two readers at the end.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import itertools
 import json
 from collections.abc import Callable
 from typing import Any
+
+import httpx
+import openai
 
 from streamwarden.core.filters import REDACTED, FilterRule, compile_filters
 from streamwarden.core.relay import Limits, Relay
@@ -236,3 +240,32 @@ def events_of(stream: bytes, dialect: str) -> list[str]:
         return text.splitlines(keepends=True)
     sep = "\r\n\r\n" if dialect == "gemini" else "\n\n"
     return [part + sep for part in text.split(sep)[:-1]]
+
+
+# -- readers through a face ---------------------------------------------------------
+
+ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "key?"}]}
+
+
+async def responses_answer(base: str) -> tuple[str, str, str]:
+    """The Responses API's answer as the SDK gives it: the deltas, and the final response's
+    ``output_text`` both from ``responses.create(stream=True)`` and ``responses.stream``."""
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k")
+    async with client:
+        stream = await client.responses.create(model="m", input="key?", stream=True)
+        deltas = final = ""
+        async for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas += event.delta
+            elif event.type == "response.completed":
+                final = event.response.output_text
+        async with client.responses.stream(model="m", input="key?") as helper:
+            async for _ in helper:
+                pass
+            accumulated = (await helper.get_final_response()).output_text
+        return deltas, final, accumulated
+
+
+async def raw(base: str, path: str = "/v1/chat/completions") -> bytes:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return (await client.post(base + path, json=ASK)).content

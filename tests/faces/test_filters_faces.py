@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 from aiohttp import web
@@ -25,7 +24,17 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from filter_streams import SECRET, TEXT, events_of, openai_chat, redacted_pieces, split_secret
+from filter_streams import (
+    ASK,
+    SECRET,
+    TEXT,
+    events_of,
+    openai_chat,
+    raw,
+    redacted_pieces,
+    responses_answer,
+    split_secret,
+)
 from filter_streams import anthropic as anthropic_stream
 from filter_streams import responses as responses_stream
 from middleware_apps import serve_in_process
@@ -41,7 +50,6 @@ MESSAGES = anthropic_stream(PIECES)
 RESPONSES = responses_stream(PIECES)
 REDACT = [{"builtin": "secrets", "action": "redact"}]
 BLOCK = [{"builtin": "secrets", "action": "block"}]
-ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "key?"}]}
 
 
 class FixedUpstream:
@@ -116,30 +124,6 @@ async def messages_text(base: str) -> str:
             if event.type == "content_block_delta" and event.delta.type == "text_delta":
                 text += event.delta.text
         return text
-
-
-async def responses_answer(base: str) -> tuple[str, str, str]:
-    """The Responses API's answer as the SDK gives it: the deltas, and the final response's
-    ``output_text`` both from ``responses.create(stream=True)`` and ``responses.stream``."""
-    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k")
-    async with client:
-        stream = await client.responses.create(model="m", input="key?", stream=True)
-        deltas = final = ""
-        async for event in stream:
-            if event.type == "response.output_text.delta":
-                deltas += event.delta
-            elif event.type == "response.completed":
-                final = event.response.output_text
-        async with client.responses.stream(model="m", input="key?") as helper:
-            async for _ in helper:
-                pass
-            accumulated = (await helper.get_final_response()).output_text
-        return deltas, final, accumulated
-
-
-async def raw(base: str, path: str = "/v1/chat/completions") -> bytes:
-    async with httpx.AsyncClient(timeout=10) as client:
-        return (await client.post(base + path, json=ASK)).content
 
 
 EXPECTED_TEXT = "".join(redacted_pieces(PIECES, SECRET))

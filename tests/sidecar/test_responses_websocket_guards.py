@@ -29,15 +29,14 @@ import pytest
 from aiohttp import web
 from websockets.exceptions import ConnectionClosedError
 
+from filter_streams import SECRET, TEXT, raw, redacted_pieces, responses_answer, split_secret
+from filter_streams import responses as responses_stream
 from sidecars import StartSidecar
 from streamwarden.core.messages import MessageSession, refusal_message
 from streamwarden.core.meter import EndState
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.sse import SSEDecoder
 from streamwarden.tools.mock import MockServer, mock_text
-from test_filters import SECRET, TEXT, redacted_pieces, split_secret
-from test_filters import responses as responses_stream
-from test_filters_faces import raw, responses_answer
 from upstreams import ServeUpstream
 from waiting import wait_for
 
