@@ -19,6 +19,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
+#: The trace id of the ``traceparent`` the telemetry tests send.
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
 
 class Receiver:
     """An OTLP/HTTP receiver: what the exporters really sent, decoded."""

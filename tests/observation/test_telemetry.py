@@ -16,14 +16,13 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-from otlp_receiver import Receiver, attributes, servers
+from otlp_receiver import TRACE_ID, Receiver, attributes, servers
 from sidecars import StartSidecar
 from streamwarden.tools.mock import MockServer
 from upstreams import ServeUpstream
 from waiting import wait_for
 
 CHAT = "/v1/chat/completions"
-TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 FAST = {"x-mock-tps": "0", "x-mock-ttft": "0", "x-mock-tokens": "8"}
 

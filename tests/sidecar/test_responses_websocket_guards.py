@@ -240,7 +240,7 @@ async def test_past_max_concurrent_streams_a_response_is_refused_and_the_session
 async def test_each_response_of_a_session_is_a_server_span_of_its_own(
     mock: MockServer, start_sidecar: StartSidecar, receiver: Any
 ) -> None:
-    from test_telemetry import TRACE_ID, attributes, servers
+    from otlp_receiver import TRACE_ID, attributes, servers
 
     sidecar = await start_sidecar(mock.url, otel_exporter="otlp-http")
     headers = {"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"}
