@@ -140,3 +140,26 @@ async def test_a_disconnect_seen_before_watching_is_reported_at_once() -> None:
     inbox.watch(lambda: gone.append("gone"))
     assert gone == ["gone"]
     await inbox.stop()
+
+
+async def test_a_websocket_inbox_holds_one_message_and_gives_the_servers_disconnect() -> None:
+    # A WebSocket session's app reads its client all session long: a client
+    # that floods while the app answers is held back by the server, not here.
+    server = ScriptedServer()
+    inbox = Inbox(server.receive, disconnect="websocket.disconnect", hold_at_most=1)
+    gone: list[str] = []
+    inbox.watch(lambda: gone.append("gone"))
+    for n in range(3):
+        server.deliver({"type": "websocket.receive", "text": str(n)})
+    server.deliver({"type": "websocket.disconnect", "code": 1001})
+    await settle()
+    assert server.queue.qsize() == 3  # one message taken, the rest still the server's
+    assert gone == []
+    for n in range(3):
+        assert await inbox.receive() == {"type": "websocket.receive", "text": str(n)}
+    await settle()
+    assert gone == ["gone"]
+    # The server's own disconnect message, its close code in it (Starlette reads it).
+    assert await inbox.receive() == {"type": "websocket.disconnect", "code": 1001}
+    assert server.most_waiting == 1
+    await inbox.stop()

@@ -29,6 +29,13 @@ calls go through it:
 The watcher pulls request body messages eagerly when the app has not read
 them before its stream started: it has to, to see the disconnect behind
 them. They are kept whole until the app asks for them.
+
+A WebSocket session's receive channel is one too (``disconnect="websocket.disconnect"``):
+there the app reads the client's messages for as long as the session
+lasts, so the watcher keeps at most ``hold_at_most`` of them; the server's
+own queue (and the client's TCP window) holds the rest back, as it does
+directly. The disconnect message the app is given is the server's own (a
+WebSocket's carries its close code).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ __all__ = ["Inbox"]
 
 log = logging.getLogger("streamwarden.middleware")
 
-_DISCONNECT = "http.disconnect"
+_HTTP_DISCONNECT = "http.disconnect"
 
 
 class Inbox:
@@ -53,7 +60,10 @@ class Inbox:
     __slots__ = (
         "_app_waiting",
         "_changed",
+        "_disconnect_type",
         "_held",
+        "_hold_at_most",
+        "_last",
         "_on_disconnect",
         "_receive",
         "_watcher",
@@ -63,8 +73,20 @@ class Inbox:
         "on_request",
     )
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(
+        self,
+        receive: Receive,
+        *,
+        disconnect: str = _HTTP_DISCONNECT,
+        hold_at_most: int | None = None,
+    ) -> None:
         self._receive = receive
+        #: The type of the message that says the client left.
+        self._disconnect_type = disconnect
+        #: How many messages the watcher keeps for the app (``None``: all it sees).
+        self._hold_at_most = hold_at_most
+        #: The server's disconnect message, as every later ``receive()`` answers it.
+        self._last: Message = {"type": disconnect}
         #: Messages the watcher received that the app has not asked for yet.
         self._held: deque[Message] = deque()
         #: How many of the app's calls are waiting in the server's receive().
@@ -86,7 +108,10 @@ class Inbox:
         """The ``receive()`` handed to the app."""
         while True:
             if self._held:
-                return self._held.popleft()
+                message = self._held.popleft()
+                if self._hold_at_most is not None:
+                    self._pulse()  # a watcher waiting for room reads on
+                return message
             if self.disconnected:
                 return await self._disconnect_message()
             if not self._watcher_waiting:
@@ -101,8 +126,8 @@ class Inbox:
             self._app_waiting -= 1
             if self._changed is not None:
                 self._pulse()
-        if message.get("type") == _DISCONNECT:
-            self._disconnect()
+        if message.get("type") == self._disconnect_type:
+            self._disconnect(message)
             return await self._disconnect_message()
         if self.on_request is not None:
             self.on_request(message)
@@ -112,7 +137,7 @@ class Inbox:
         if self.hides_disconnect:
             # Until the app is done or stopped (its task is cancelled then).
             await asyncio.get_running_loop().create_future()
-        return {"type": _DISCONNECT}
+        return dict(self._last)
 
     def hold(self, message: Message) -> None:
         """Give ``message``, taken from the server by the middleware, to the app's next call."""
@@ -147,8 +172,10 @@ class Inbox:
         assert changed is not None
         try:
             while not self.disconnected:
-                if self._app_waiting:
-                    # The app's own call will see whatever comes next.
+                full = self._hold_at_most is not None and len(self._held) >= self._hold_at_most
+                if self._app_waiting or full:
+                    # The app's own call will see whatever comes next (or
+                    # takes a held message, and the watcher reads on).
                     await changed.wait()
                     continue
                 self._watcher_waiting = True
@@ -156,8 +183,8 @@ class Inbox:
                     message = await self._receive()
                 finally:
                     self._watcher_waiting = False
-                if message.get("type") == _DISCONNECT:
-                    self._disconnect()
+                if message.get("type") == self._disconnect_type:
+                    self._disconnect(message)
                 else:
                     self._held.append(message)
                 self._pulse()
@@ -175,10 +202,11 @@ class Inbox:
             changed.set()
             changed.clear()
 
-    def _disconnect(self) -> None:
+    def _disconnect(self, message: Message) -> None:
         if self.disconnected:
             return
         self.disconnected = True
+        self._last = message
         callback = self._on_disconnect
         if callback is not None:
             callback()
