@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.meter import GapObserver, StreamRecord
-from streamwarden.core.plan import StreamPlan
+from streamwarden.core.plan import MESSAGES_PLAN, StreamPlan
 from streamwarden.core.relay import Limits, Relay
 from streamwarden.core.toolcalls import DEPTH
 from streamwarden.core.transform import EventTransform
@@ -100,6 +100,26 @@ class StreamStart:
     #: The request's query string (a resumable stream's owner is made of it too:
     #: Gemini's ``?key=``).
     query_string: str = ""
+
+    @classmethod
+    def of_message(
+        cls,
+        face: Face,
+        route: ResolvedRoute,
+        path: str,
+        started_at: float,
+        now: float,
+        trace: RequestTrace | None = None,
+    ) -> StreamStart:
+        """One stream a WebSocket session carries (a ``response.create``'s), either face.
+
+        Its framing is the session's messages; nothing of the handshake is
+        kept, as no stage of a message stream uses it; ``trace``: its own
+        span (telemetry on).
+        """
+        return cls(
+            face, route, MESSAGES_PLAN, "GET", path, 101, (), {}, started_at, now, trace=trace
+        )
 
 
 @dataclass(slots=True)

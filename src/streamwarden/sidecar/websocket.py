@@ -48,7 +48,6 @@ from streamwarden.core.messages import (
     carries_streams,
     refusal_message,
 )
-from streamwarden.core.plan import MESSAGES_PLAN
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.core.relay import Relay
 from streamwarden.observation.register import Slot
@@ -383,20 +382,7 @@ class _SessionStreams:
         # Each response its own server span (telemetry on), under the handshake's
         # traceparent: the session's own span ends with the session.
         trace = pipeline.step.traced(describe(request, self._route))
-        start = StreamStart(
-            "sidecar",
-            self._route,
-            MESSAGES_PLAN,
-            request.method,
-            request.path,
-            101,
-            # Nothing of the handshake is kept: no stage of a message stream uses it.
-            (),
-            {},
-            started_at,
-            now,
-            trace=trace,
-        )
+        start = StreamStart.of_message("sidecar", self._route, request.path, started_at, now, trace)
         flow = pipeline.open(start)
         entry = ActiveStream(flow.stream_id, flow.relay, self._route.route)
         entry.sleeper = self  # the drain moves the deadline sooner
