@@ -3,9 +3,11 @@
 ``__init__`` only loads the settings (keyword options over
 ``STREAMWARDEN_*`` over the defaults, the same model as the sidecar's) and
 builds the instance's metrics and stream log; each HTTP request gets a
-fresh :class:`~streamwarden.middleware.responder.StreamResponder`. Other
-scopes (lifespan, websocket) pass straight through; the middleware only
-listens to the lifespan's messages, to start and stop what runs in the
+fresh :class:`~streamwarden.middleware.responder.StreamResponder`, and
+each WebSocket session that carries streams (the Responses API's, by the
+sidecar's rule) a :class:`~streamwarden.middleware.websocket.MessageStreams`.
+Other scopes (lifespan, other WebSockets) pass straight through; the
+middleware only listens to the lifespan's messages, to start and stop what runs in the
 background (the engine watch, the resume store, the telemetry's exporters).
 Stopping is :meth:`StreamWardenMiddleware.close`, one path whether the
 lifespan's shutdown calls it or, on a server that runs no lifespan, the
@@ -27,9 +29,11 @@ import logging
 from typing import Any, Protocol
 
 from streamwarden.config import SIDECAR_ONLY, load_settings
+from streamwarden.core.messages import carries_streams
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.responder import StreamResponder
 from streamwarden.middleware.streams import FaceContext, Streams
+from streamwarden.middleware.websocket import MessageStreams
 from streamwarden.observation.logs import log_unless_configured
 from streamwarden.observation.metrics import CONTENT_TYPE_LATEST, StreamMetrics
 from streamwarden.pipeline.services import Services
@@ -93,6 +97,13 @@ class StreamWardenMiddleware:
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and self._runs_beside_the_app:
                 receive = self._following_lifespan(receive)
+            elif scope["type"] == "websocket":
+                path = scope.get("path") or "/"
+                route = self.settings.for_path(path)
+                if carries_streams(route.dialect, path):  # the Responses API's: streams
+                    streams = MessageStreams(self._context, route, scope, receive, send)
+                    await streams.run(self.app)
+                    return
             await self.app(scope, receive, send)
             return
         if self._engine_watch_pending:
