@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamwarden.config import ResolvedRoute, Settings
 from streamwarden.core.dialects import asks_for_stream
+from streamwarden.core.messages import refusal_message
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.observation.register import Slot, StreamRegister
 from streamwarden.pipeline.request import (
@@ -42,7 +43,7 @@ from streamwarden.pipeline.stage import Stage
 if TYPE_CHECKING:
     from streamwarden.observation.telemetry import RequestTrace
 
-__all__ = ["RequestStep"]
+__all__ = ["RequestStep", "SessionSlots"]
 
 #: Most request paths whose resolved settings are kept (past it: resolved
 #: per request, so a client inventing paths cannot grow the map).
@@ -146,3 +147,46 @@ class RequestStep:
                 slot.release()
 
         return Serve(held, answered.write_timeout)
+
+
+class SessionSlots:
+    """The ``max_concurrent_streams`` places one WebSocket session's responses hold, either face.
+
+    Each ``response.create`` takes one as an HTTP stream does
+    (:meth:`RequestStep.stream_slot`: the one rule), or is refused with an
+    ``error`` message in the shape of its dialect's error event. Places are
+    alike: one goes back as each of the session's streams is recorded, and
+    whatever is still held (queued responses) at the session's end.
+    """
+
+    __slots__ = ("_dialect", "_path", "_slots", "_step")
+
+    def __init__(self, step: RequestStep, dialect: str, path: str) -> None:
+        self._step = step
+        self._dialect = dialect
+        self._path = path
+        self._slots: list[Slot] = []
+
+    def admit(self) -> str | None:
+        """A place for one more response (``None``), else the ``error`` message refusing it.
+
+        The :class:`~streamwarden.core.messages.MessageSession`'s ``admit``.
+        """
+        slot = self._step.stream_slot()
+        if slot is not None:
+            self._slots.append(slot)
+            return None
+        refused = RefusalKind.TOO_MANY_STREAMS.refusal
+        message = refused.message.format(limit=self._step.max_concurrent_streams)
+        return refusal_message(self._dialect, self._path, refused.code, message)
+
+    def stream_finished(self) -> None:
+        """One of the session's streams was recorded: a place goes back."""
+        if self._slots:
+            self._slots.pop().release()
+
+    def release(self) -> None:
+        """The session is over: every place its responses still held goes back."""
+        for slot in self._slots:
+            slot.release()
+        self._slots.clear()

@@ -46,12 +46,11 @@ from streamwarden.core.messages import (
     MessageSession,
     Reply,
     carries_streams,
-    refusal_message,
 )
 from streamwarden.core.refusals import RefusalKind
 from streamwarden.core.relay import Relay
-from streamwarden.observation.register import Slot
 from streamwarden.pipeline import PipelineStream, StreamStart
+from streamwarden.pipeline.step import SessionSlots
 from streamwarden.sidecar.forwarding import describe
 from streamwarden.sidecar.streaming import Streaming
 from streamwarden.sidecar.streams import ActiveStream
@@ -352,29 +351,15 @@ class _SessionStreams:
         self._request = request
         self._route = route
         self._entries: dict[Relay, tuple[ActiveStream, PipelineStream]] = {}
-        #: The ``max_concurrent_streams`` places the session's responses hold (one
-        #: each, open or queued; places are alike: any one goes back as one ends).
-        self._slots: list[Slot] = []
+        #: The ``max_concurrent_streams`` places the session's responses hold.
+        self._slots = SessionSlots(streaming.pipeline.step, route.dialect, request.path)
         #: Set when the session's deadline may have moved sooner.
         self._wake = asyncio.Event()
-        self.session = MessageSession(self._open, self._finish, self._admit)
-
-    def _admit(self) -> str | None:
-        """A place for one more response, as an HTTP stream takes one; else its refusal."""
-        step = self._streaming.pipeline.step
-        slot = step.stream_slot()
-        if slot is not None:
-            self._slots.append(slot)
-            return None
-        refused = RefusalKind.TOO_MANY_STREAMS.refusal
-        message = refused.message.format(limit=step.max_concurrent_streams)
-        return refusal_message(self._route.dialect, self._request.path, refused.code, message)
+        self.session = MessageSession(self._open, self._finish, self._slots.admit)
 
     def release(self) -> None:
         """The session is over: every place its responses still held goes back."""
-        for slot in self._slots:
-            slot.release()
-        self._slots.clear()
+        self._slots.release()
 
     def _open(self, started_at: float, now: float) -> Relay:
         request = self._request
@@ -393,8 +378,7 @@ class _SessionStreams:
     def _finish(self, relay: Relay, now: float) -> None:
         entry, flow = self._entries.pop(relay)
         self._streaming.pipeline.finish(entry, flow, now)
-        if self._slots:
-            self._slots.pop().release()
+        self._slots.stream_finished()
 
     def deadline_now(self) -> None:
         self._wake.set()
