@@ -23,8 +23,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedError
 
+from filter_streams import SECRET, TEXT, redacted_pieces, responses, split_secret
 from middleware_apps import Receive, Scope, Send, serve_in_process
 from streamwarden.core.meter import StreamRecord
+from streamwarden.core.sse import SSEDecoder
 from streamwarden.middleware import StreamWardenMiddleware
 from streamwarden.tools.mock import mock_text
 from streamwarden.tools.mock.faults import cut_index, giant_frame
@@ -34,6 +36,9 @@ from waiting import wait_for
 
 TOKENS = 8
 RESPONSES = WIRE_FORMATS["openai-responses"]
+PIECES = split_secret(TEXT, SECRET, 3)
+#: An answer with a key split across three deltas: its events' data, one message each.
+SECRET_ANSWER = [event.data for event in SSEDecoder().feed(responses(PIECES))]
 
 
 class ResponsesApp:
@@ -42,11 +47,14 @@ class ResponsesApp:
     ``close`` closes with 1000, ``return`` returns (uvicorn then drops the
     connection: 1006), ``raise`` raises, ``stall`` goes silent until
     stopped, ``giant`` makes the message at the cut ``?size=`` bytes.
-    ``stopped`` is set once the app has returned, raised or been stopped.
+    ``?answer=secret`` answers with a key split across three deltas instead.
+    ``stopped`` is set once the app has returned, raised or been stopped;
+    ``creates`` counts the ``response.create`` messages the app got.
     """
 
     def __init__(self) -> None:
         self.stopped = asyncio.Event()
+        self.creates = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket":
@@ -60,6 +68,11 @@ class ResponsesApp:
                 if message["type"] == "websocket.disconnect":
                     return
                 if json.loads(message.get("text") or "{}").get("type") != "response.create":
+                    continue
+                self.creates += 1
+                if query.get("answer") == "secret":
+                    for data in SECRET_ANSWER:
+                        await send({"type": "websocket.send", "text": data})
                     continue
                 if not await self._answer(send, query.get("fault"), int(query.get("size", "0"))):
                     return
@@ -238,3 +251,42 @@ async def test_only_the_responses_path_is_read_other_websockets_pass_untouched()
                     received.append(json.loads(message))
         assert websocket.close_code == 1011 and received[-1]["type"] == "error"
     assert len(records(middleware)) == 1  # the one on /v1/responses
+
+
+async def test_a_session_is_guarded_as_the_sidecars_filters_and_the_stream_limit() -> None:
+    # Directly the key goes out whole; through, redacted, as over SSE.
+    async with serve_in_process(ResponsesApp()) as url:
+        _, direct = await converse(url, answer="secret")
+    assert direct == TEXT
+    app = ResponsesApp()
+    redact = [{"builtin": "secrets", "action": "redact"}]
+    middleware = guarded(app, output_filters=redact, max_concurrent_streams="1")
+    async with serve_in_process(middleware) as url:
+        _, through = await converse(url, answer="secret")
+        assert through == "".join(redacted_pieces(PIECES, SECRET))
+        await wait_for(lambda: len(records(middleware)) == 1, what="the stream recorded")
+
+        # One response mid-answer holds the one place: another is refused, and
+        # its response.create never reaches the app; the session goes on.
+        connect = client(url).responses.connect
+        async with connect(extra_query={"fault": "stall"}) as first:
+            await first.response.create(model="gpt-4.1", input="hi")
+            async for event in first:
+                if event.type == "response.output_text.delta":
+                    break
+            async with connect() as second:
+                await second.response.create(model="gpt-4.1", input="hi")
+                event = await second.recv()
+                assert event.type == "error" and event.error.code == "too_many_streams", event
+                assert app.creates == 2  # the secret answer's and the first's
+                await first.close()  # its place goes back as its stream is recorded
+                await wait_for(lambda: len(records(middleware)) == 2, what="the first recorded")
+                await second.response.create(model="gpt-4.1", input="hi")
+                text = ""
+                async for event in second:
+                    if event.type == "response.output_text.delta":
+                        text += event.delta
+                    if event.type in ("response.completed", "error"):
+                        break
+                assert event.type == "response.completed" and text == mock_text(TOKENS)
+        await wait_for(lambda: middleware.streams.admitted == 0, what="every place given back")

@@ -99,7 +99,7 @@ class StreamWardenMiddleware:
                 receive = self._following_lifespan(receive)
             elif scope["type"] == "websocket":
                 path = scope.get("path") or "/"
-                route = self.settings.for_path(path)
+                route = self._context.pipeline.step.route(path)
                 if carries_streams(route.dialect, path):  # the Responses API's: streams
                     streams = MessageStreams(self._context, route, scope, receive, send)
                     await streams.run(self.app)

@@ -6,12 +6,16 @@ the app's ``receive`` and ``send`` are wrapped so that the client's text
 messages (the app's input) and the app's own (its "upstream" side) go
 through one :class:`~streamwarden.core.messages.MessageSession`, the
 sidecar's: each ``response.create`` is a stream through the pipeline,
-metered, limited and recorded as the sidecar's are. What each message
-means is the session's to say; this module only moves ASGI messages and
-time:
+metered, limited, filtered, traced and recorded as the sidecar's are, and
+holds one of ``max_concurrent_streams`` (:class:`~streamwarden.pipeline.step.SessionSlots`).
+What each message means is the session's to say; this module only moves
+ASGI messages and time:
 
-- the client's messages reach the app as they came; the app's reach the
-  client as they came, unless the session cuts a stream on one;
+- the client's messages reach the app as they came, but a
+  ``response.create`` past ``max_concurrent_streams``: the app never sees
+  it, the client gets the ``error`` message refusing it;
+- the app's reach the client as they came (or as the output filters let
+  them out), unless the session cuts a stream on one;
 - a cut (the relay ends a stream on a message: an event over
   ``max_event_bytes``, a broken tool call; a timer: silence past
   ``upstream_idle_timeout``, ``max_stream_duration``; the app closing, with
@@ -40,8 +44,10 @@ from streamwarden.core.relay import Relay
 from streamwarden.middleware._asgi import ASGIApp, Message, Receive, Scope, Send
 from streamwarden.middleware.app_task import AppTask
 from streamwarden.middleware.inbox import Inbox
+from streamwarden.middleware.resume import describe
 from streamwarden.middleware.streams import FaceContext
 from streamwarden.pipeline import PipelineStream, StreamStart
+from streamwarden.pipeline.step import SessionSlots
 
 __all__ = ["MessageStreams"]
 
@@ -75,6 +81,7 @@ class MessageStreams:
         "_route",
         "_scope",
         "_server_send",
+        "_slots",
         "_wake",
         "session",
     )
@@ -99,7 +106,9 @@ class MessageStreams:
         self._inbox = Inbox(self._from_client, disconnect=_DISCONNECT, hold_at_most=1)
         self._app_task = AppTask(self._loop)
         self._flows: dict[Relay, PipelineStream] = {}
-        self.session = MessageSession(self._open, self._finish)
+        #: The ``max_concurrent_streams`` places the session's responses hold.
+        self._slots = SessionSlots(context.pipeline.step, route.dialect, self._path)
+        self.session = MessageSession(self._open, self._finish, self._slots.admit)
         #: Held for every send to the client: a cut's error and close come after
         #: what went before them, and two sends never overlap.
         self._lock = asyncio.Lock()
@@ -131,7 +140,10 @@ class MessageStreams:
             finally:
                 # Recorded even if the server cancels us meanwhile: a stream left
                 # out of the register is never recorded.
-                self.session.end(self._loop.time())
+                try:
+                    self.session.end(self._loop.time())
+                finally:
+                    self._slots.release()
         if raise_on and error is not None:
             raise error
 
@@ -140,12 +152,19 @@ class MessageStreams:
     async def _from_client(self) -> Message:
         """The server's ``receive()``, read by the session first (a ``response.create``
         opens its stream before the app sees it: its clock starts now)."""
-        message = await self._receive()
-        if message.get("type") == "websocket.receive":
+        while True:
+            message = await self._receive()
             text = message.get("text")
-            if isinstance(text, str):
-                self.session.client_message(text, self._loop.time())
-        return message
+            if message.get("type") != "websocket.receive" or not isinstance(text, str):
+                return message
+            reply = self.session.client_reply(text, self._loop.time())
+            if reply.answer is None:
+                return message
+            # Refused (no stream place left): the app never sees it, the client is told.
+            async with self._lock:
+                if not self._over:
+                    with contextlib.suppress(*_GONE):
+                        await self._server_send({"type": "websocket.send", "text": reply.answer})
 
     def _client_left(self) -> None:
         """The client is gone: its open streams end with it, and the app is stopped."""
@@ -178,6 +197,8 @@ class MessageStreams:
             reply = self.session.upstream_message(text, now)
             if reply.forward:
                 await self._to_client(message)
+            for out in reply.messages:  # what its output filters let out, in its place
+                await self._to_client({"type": "websocket.send", "text": out})
             if reply.error is not None:
                 await self._cut(reply.error)
         elif kind == "websocket.close":
@@ -201,11 +222,13 @@ class MessageStreams:
     async def _cut(self, error: str) -> None:
         """A stream was cut: the ``error`` message, the error close, the app stopped.
 
-        The caller holds the lock.
+        What the cut stream's output filters still held goes first. The
+        caller holds the lock.
         """
         self._over = True
         with contextlib.suppress(*_GONE):
-            await self._server_send({"type": "websocket.send", "text": error})
+            for out in [*self.session.take_released(), error]:
+                await self._server_send({"type": "websocket.send", "text": out})
             await self._server_send(
                 {"type": "websocket.close", "code": CUT_CLOSE_CODE, "reason": "stream cut"}
             )
@@ -214,8 +237,13 @@ class MessageStreams:
     # -- the streams ---------------------------------------------------------
 
     def _open(self, started_at: float, now: float) -> Relay:
-        start = StreamStart.of_message("middleware", self._route, self._path, started_at, now)
-        flow = self._context.pipeline.open(start)
+        pipeline = self._context.pipeline
+        # Each response its own server span (telemetry on), as in the sidecar.
+        trace = pipeline.step.traced(describe(self._scope, self._route, None))
+        start = StreamStart.of_message(
+            "middleware", self._route, self._path, started_at, now, trace
+        )
+        flow = pipeline.open(start)
         self._flows[flow.relay] = flow
         self._context.streams.open(flow.relay)
         self._wake.set()  # its timers run from now
@@ -226,6 +254,7 @@ class MessageStreams:
 
     def _finish(self, relay: Relay, now: float) -> None:
         self._context.pipeline.finish(relay, self._flows.pop(relay), now)
+        self._slots.stream_finished()
 
     async def _keep_time(self) -> None:
         """Run the streams' timers; on one that cuts its stream, cut the session."""
