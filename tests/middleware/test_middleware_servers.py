@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from broken import read_broken
 from middleware_apps import KEEPALIVE, SERVERS, ServerProcess, running
 from streamwarden.core.relay import KEEPALIVE as KEEPALIVE_FRAME
 from waiting import wait_for
@@ -228,3 +229,20 @@ async def test_streams_and_plain_responses_share_one_keepalive_connection(
             assert response.content.startswith(b"hello" if "hello" in path else b"data: first")
         pool = client._transport._pool  # type: ignore[attr-defined]
         assert len(pool.connections) == 1
+
+
+# -- endings ---------------------------------------------------------------------------
+
+
+async def test_an_app_that_breaks_off_breaks_a_generic_body_through_the_middleware_too(
+    server: ServerProcess,
+) -> None:
+    # Directly, the server drops the connection of an app that raises mid-body.
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        direct = await read_broken(client, "GET", f"{server.url}/plain/raw/raise")
+        # Through the middleware: the error event for a client that listens for
+        # it, then the body broken as well (its response left unfinished): never
+        # a clean end, which a generic client would take for a whole answer.
+        guarded = await read_broken(client, "GET", f"{server.url}/guarded/raw/raise")
+    assert b"upstream_error" not in direct
+    assert b"upstream_error" in guarded
