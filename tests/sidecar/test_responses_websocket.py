@@ -218,3 +218,28 @@ def test_lanes_of_one_session_are_each_a_stream_of_their_own() -> None:
         EndState.COMPLETED,
         EndState.UPSTREAM_TRUNCATED,
     ]
+
+
+def test_a_response_past_the_sessions_books_is_refused_not_forwarded_unread() -> None:
+    # Past MAX_TRACKED open and queued responses, one more was once forwarded
+    # untracked: no filters, no limits, no meter for it.
+    from streamwarden.core.messages import MAX_TRACKED
+
+    def open_stream(started_at: float, now: float) -> Relay:
+        limits = Limits(0.0, 60.0, 0.0, 1 << 20)
+        return Relay(
+            limits, started_at=started_at, now=now, path="/v1/responses",
+            content_type=None, headers={}, framing="messages",
+        )  # fmt: skip
+
+    session = MessageSession(open_stream, lambda relay, now: None)
+    create = json.dumps({"type": "response.create"})
+    for _ in range(MAX_TRACKED):
+        assert session.client_reply(create, 0.0).forward  # one answered, the rest queued
+    one_more = json.dumps({"type": "response.create", "stream_id": "x"})
+    reply = session.client_reply(one_more, 0.0)
+    assert not reply.forward
+    assert reply.answer is not None
+    refusal = json.loads(reply.answer)
+    assert refusal["type"] == "error" and refusal["stream_id"] == "x"
+    assert refusal["error"]["code"] == "too_many_streams"

@@ -52,6 +52,7 @@ from streamwarden.core.dialects import Observation, detect
 from streamwarden.core.dialects.base import dump_json, load_json
 from streamwarden.core.endings import ErrorCode
 from streamwarden.core.lifecycle import Gone
+from streamwarden.core.refusals import RefusalKind
 from streamwarden.core.relay import Relay
 from streamwarden.core.sse import Frame, SSEDecoder
 from streamwarden.core.transform import Passing, Stop, TransformChain
@@ -75,8 +76,10 @@ CUT_CLOSE_CODE = 1011
 #: Close codes a client reads as a normal end.
 _NORMAL_CLOSE = (1000, 1001)
 
-#: Responses a session keeps books on at once (open and queued); more are
-#: relayed as they come, unmetered: the books stay bounded whatever a client sends.
+#: Responses a session keeps books on at once (open and queued); one more is
+#: refused with an ``error`` message (``too_many_streams``), never forwarded
+#: unread: the books stay bounded whatever a client sends, and no response
+#: goes past the filters and the limits.
 MAX_TRACKED = 64
 
 #: Opens one response's stream: ``(started_at, now)`` -> its relay.
@@ -244,10 +247,12 @@ class MessageSession:
         message = load_json(data)
         if not isinstance(message, dict) or message.get("type") != _CREATE:
             return FORWARD
-        if self._tracked >= MAX_TRACKED:
-            return FORWARD
         lane_id = message.get("stream_id")
         lane_id = lane_id if isinstance(lane_id, str) else None
+        if self._tracked >= MAX_TRACKED:
+            # Refused, never forwarded past the books: an untracked response
+            # would go unfiltered, unlimited and unmetered.
+            return Reply(False, answer=_in_lane(self._over_books(), lane_id))
         if self._admit is not None:
             refused = self._admit()
             if refused is not None:
@@ -361,6 +366,14 @@ class MessageSession:
             relay.chain = TransformChain((*chain.transforms, sent), relay.meter)
             self._sent[relay] = sent
         return relay
+
+    def _over_books(self) -> str:
+        """The ``error`` message refusing a response past :data:`MAX_TRACKED`, in the streams'
+        dialect (at that many, a lane is being answered: its relay writes it)."""
+        rules = self.streams[0].rules
+        refused = RefusalKind.TOO_MANY_STREAMS.refusal
+        message = f"a session holds at most {MAX_TRACKED} responses at once"
+        return error_message(rules.error_event(refused.code, f"streamwarden: {message}"))
 
     def _next(self, lane: _Lane, lane_id: str | None, now: float) -> None:
         """The lane's stream ended: record it, and open the next one queued."""
