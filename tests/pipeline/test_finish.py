@@ -269,8 +269,9 @@ async def test_a_streams_spans_end_the_same_through_both_faces(
     async with middleware_face(**options) as (url, guarded):
         await through(url, ending, guarded.streams, guarded.metrics, caplog, resume=False)
         by_middleware = await server_span(receiver)
-    # In a thread: its exporters' last export is to the receiver, in this loop.
-    await asyncio.to_thread(guarded.close)
+    # Awaited (it was once called in a thread and never ran): its exporters'
+    # last export goes to the receiver in this loop from a thread of its own.
+    await guarded.close()
 
     assert by_sidecar["streamwarden.end_state"] == ending.end_state
     whole = ending.leaves_after is None
