@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamwarden.core.dialects import Observation, detect
+from streamwarden.core.dialects import Dialect, Observation, detect
 from streamwarden.core.dialects.base import dump_json, load_json
 from streamwarden.core.endings import ErrorCode
 from streamwarden.core.lifecycle import Gone
@@ -198,6 +198,7 @@ class MessageSession:
         "_lanes",
         "_open",
         "_released",
+        "_rules",
         "_sent",
         "_tracked",
         "cut",
@@ -215,6 +216,8 @@ class MessageSession:
         self._released: list[str] = []
         self._lanes: dict[str | None, _Lane] = {}
         self._tracked = 0
+        #: The dialect of the streams (the last one opened), for the session's own refusals.
+        self._rules: Dialect | None = None
         #: Streams ended by the client leaving: recorded at the session's end,
         #: after what the upstream still sent was metered as zombie tokens.
         self._gone: list[Relay] = []
@@ -358,6 +361,7 @@ class MessageSession:
 
     def _start(self, started_at: float, now: float) -> Relay:
         relay = self._open(started_at, now)
+        self._rules = relay.rules
         # A session's streams end with it: nothing reads a closed session on.
         relay.lifecycle.gone = Gone.CANCEL
         chain = relay.chain
@@ -369,8 +373,9 @@ class MessageSession:
 
     def _over_books(self) -> str:
         """The ``error`` message refusing a response past :data:`MAX_TRACKED`, in the streams'
-        dialect (at that many, a lane is being answered: its relay writes it)."""
-        rules = self.streams[0].rules
+        dialect (written by the last one opened: at that many, one was)."""
+        rules = self._rules
+        assert rules is not None
         refused = RefusalKind.TOO_MANY_STREAMS.refusal
         message = f"a session holds at most {MAX_TRACKED} responses at once"
         return error_message(rules.error_event(refused.code, f"streamwarden: {message}"))

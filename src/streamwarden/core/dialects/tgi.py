@@ -84,12 +84,8 @@ class TGI(Dialect):
             return NOTHING
         if obj.get("error") is not None:  # huggingface_hub's own test
             return UPSTREAM_ERROR
-        token = obj.get("token")
-        text = ""
-        if isinstance(token, dict) and not token.get("special"):
-            found = token.get("text")
-            if isinstance(found, str):
-                text = found
+        token = _read_token(obj)
+        text: str = token["text"] if token is not None else ""
         tokens = as_int(obj.get("index"))
         prompt = None
         details = obj.get("details")
@@ -108,13 +104,10 @@ class TGI(Dialect):
         return sse_block(dump_json({"error": message, "error_type": error_type, "code": code}))
 
     def text_places(self, root: Any, event: Event, tool_arguments: bool) -> list[TextPlace]:
-        # The same text as inspect: a token that is not special.
-        token = root.get("token") if isinstance(root, dict) else None
-        if not isinstance(token, dict) or token.get("special"):
+        # The same text as inspect reads.
+        token = _read_token(root) if isinstance(root, dict) else None
+        if token is None:
             return []
-        if not isinstance(token.get("text"), str):
-            return []
-        assert isinstance(root, dict)
         return [(*token_place(token, "text", root, "top_tokens"), MAIN_TEXT)]
 
     def repeats_text(self, event: Event) -> bool:
@@ -136,3 +129,12 @@ class TGI(Dialect):
         return (
             isinstance(obj, dict) and isinstance(obj.get("token"), dict) and "generated_text" in obj
         )
+
+
+def _read_token(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The event's token if a reader reads its text: a string, and not a special token
+    (the end-of-sequence token is counted, but is no text)."""
+    token = obj.get("token")
+    if isinstance(token, dict) and not token.get("special") and isinstance(token.get("text"), str):
+        return token
+    return None
